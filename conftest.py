@@ -1,0 +1,95 @@
+"""Test-session configuration: thread limits, Hypothesis profiles, options, markers, GPU skips.
+
+torch and CUDA are only touched inside hooks, so ``pytest -m cpu`` collects on a machine with
+neither.
+"""
+
+from __future__ import annotations
+
+import os
+
+# OpenBLAS with its default thread count is ~750x slower on small GEMMs on a 2-core VM; this must
+# happen before numpy is imported anywhere (shared/notes/numerics.md, section 3.4).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from hypothesis import HealthCheck, Phase, Verbosity, settings  # noqa: E402
+
+_SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large]
+settings.register_profile("dev", max_examples=25, deadline=None, suppress_health_check=_SLOW_OK)
+settings.register_profile(
+    "ci",
+    parent=settings.get_profile("ci"),  # Hypothesis' own: derandomized, no database, print_blob
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=_SLOW_OK,
+)
+settings.register_profile(
+    "thorough", max_examples=2000, deadline=None, suppress_health_check=_SLOW_OK, phases=list(Phase)
+)
+settings.register_profile(
+    "debug", max_examples=10, deadline=None, verbosity=Verbosity.verbose, suppress_health_check=_SLOW_OK
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("attention", "attention kernel cross-validation")
+    group.addoption(
+        "--kernel",
+        action="append",
+        default=[],
+        metavar="NAME_OR_PATH",
+        help="kernel under test for gpu-marked tests: a built-in name (see `attention-report "
+        "--list-kernels`) or a dotted path package.module:attr; repeatable",
+    )
+    group.addoption(
+        "--report-dir",
+        default=None,
+        metavar="DIR",
+        help="write failing cases (.npz) and per-test error reports here",
+    )
+
+
+def _cuda_available() -> tuple[bool, str]:
+    try:
+        import torch
+    except ImportError:
+        return False, "torch is not installed (pip install -e '.[gpu]')"
+    if not torch.cuda.is_available():
+        return False, "no CUDA GPU visible to torch"
+    return True, torch.cuda.get_device_name()
+
+
+def _is_blackwell() -> bool:
+    import torch
+
+    return torch.cuda.get_device_capability()[0] == 10
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    unmarked = [item.nodeid for item in items if not ({"cpu", "gpu"} & {m.name for m in item.iter_markers()})]
+    if unmarked:
+        raise pytest.UsageError(f"every test must be marked cpu or gpu; unmarked: {unmarked[:5]}")
+    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu_items:
+        return
+    has_cuda, reason = _cuda_available()
+    for item in gpu_items:
+        if not has_cuda:
+            item.add_marker(pytest.mark.skip(reason=f"gpu test skipped: {reason}"))
+        elif item.get_closest_marker("blackwell") and not _is_blackwell():
+            item.add_marker(pytest.mark.skip(reason="needs an SM100 (Blackwell) GPU; none here"))
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    import mpmath
+
+    has_cuda, gpu = _cuda_available() if config.getoption("-m") != "cpu" else (False, "not probed (-m cpu)")
+    profile = settings.get_current_profile_name()
+    return [
+        f"numpy {np.__version__}, mpmath {mpmath.__version__} (backend {mpmath.libmp.BACKEND})",
+        f"hypothesis profile: {profile}; OPENBLAS_NUM_THREADS={os.environ['OPENBLAS_NUM_THREADS']}",
+        f"gpu: {gpu}",
+    ]

@@ -1,0 +1,318 @@
+"""The attention problem every tier consumes: exact inputs, scale, mask, and the result type.
+
+An ``AttentionCase`` is immutable and validated on construction, so a tier never has to guess
+what a field means: a malformed case raises ``ValueError`` naming the field and the rule.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+
+INPUT_DTYPES: dict[str, np.dtype] = {
+    "float16": np.dtype(np.float16),
+    "bfloat16": np.dtype(ml_dtypes.bfloat16),
+    "float32": np.dtype(np.float32),
+}
+
+
+def dtype_name(dtype: np.dtype | str) -> str:
+    """Canonical name of a supported input dtype (``float16``, ``bfloat16``, ``float32``)."""
+    name = np.dtype(dtype).name if not isinstance(dtype, str) else dtype
+    if name not in INPUT_DTYPES:
+        raise ValueError(f"dtype={name!r} must be one of {sorted(INPUT_DTYPES)}")
+    return name
+
+
+class CausalAlignment(enum.Enum):
+    """Where the causal diagonal sits when Sq != Sk; windows are relative to the same diagonal."""
+
+    BOTTOM_RIGHT = "bottom_right"  # FlashAttention: key j visible from query i iff j <= i + Sk - Sq
+    TOP_LEFT = "top_left"  # torch SDPA is_causal: key j visible from query i iff j <= i
+
+
+@dataclass(frozen=True, eq=False)
+class Mask:
+    """Which keys each query row may see. All constraints combine with AND.
+
+    * ``causal``: key j visible iff ``j <= i + offset`` where ``offset = Sk_b - Sq_b`` for
+      ``BOTTOM_RIGHT`` and 0 for ``TOP_LEFT`` (``Sq_b``, ``Sk_b`` the valid lengths of batch b).
+    * ``window_left`` / ``window_right``: sliding window, key j visible iff
+      ``i + offset - window_left <= j <= i + offset + window_right``; ``None`` = unbounded.
+    * ``q_lengths`` / ``k_lengths``: per-batch valid lengths (varlen / padding); zero allowed.
+      Query rows past ``q_lengths[b]`` and keys past ``k_lengths[b]`` are padding: a kernel must
+      never read them, and padded query rows are empty rows.
+    * ``explicit``: boolean array broadcastable to ``[B, Hq, Sq, Sk]``, True = visible.
+    """
+
+    causal: bool = False
+    window_left: int | None = None
+    window_right: int | None = None
+    alignment: CausalAlignment = CausalAlignment.BOTTOM_RIGHT
+    q_lengths: tuple[int, ...] | None = None
+    k_lengths: tuple[int, ...] | None = None
+    explicit: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.alignment, CausalAlignment):
+            raise ValueError(f"mask.alignment={self.alignment!r} must be a CausalAlignment")
+        for name in ("window_left", "window_right"):
+            value = getattr(self, name)
+            if value is not None and (not _is_int(value) or value < 0):
+                raise ValueError(f"mask.{name}={value!r} must be None (unbounded) or an int >= 0")
+        for name in ("q_lengths", "k_lengths"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            lengths = tuple(value)
+            if not all(_is_int(n) and n >= 0 for n in lengths):
+                raise ValueError(f"mask.{name}={value!r} must be a sequence of ints >= 0")
+            object.__setattr__(self, name, tuple(int(n) for n in lengths))
+        if self.explicit is not None:
+            explicit = np.asarray(self.explicit)
+            if explicit.dtype != np.bool_ or explicit.ndim != 4:
+                raise ValueError(
+                    f"mask.explicit must be a bool array of rank 4 broadcastable to "
+                    f"[B, Hq, Sq, Sk], got dtype={explicit.dtype} shape={explicit.shape}"
+                )
+            explicit.setflags(write=False)
+            object.__setattr__(self, "explicit", explicit)
+
+    @property
+    def kinds(self) -> frozenset[str]:
+        """The mask features in use: subsets of {causal, window, varlen, explicit}."""
+        kinds = set()
+        if self.causal:
+            kinds.add("causal")
+        if self.window_left is not None or self.window_right is not None:
+            kinds.add("window")
+        if self.q_lengths is not None or self.k_lengths is not None:
+            kinds.add("varlen")
+        if self.explicit is not None:
+            kinds.add("explicit")
+        return frozenset(kinds)
+
+    def describe(self) -> str:
+        """Short human-readable summary, e.g. ``causal(bottom_right)+window(16,0)``."""
+        parts = []
+        if self.causal:
+            parts.append(f"causal({self.alignment.value})")
+        if "window" in self.kinds:
+            parts.append(f"window({self.window_left},{self.window_right})")
+        if self.q_lengths is not None:
+            parts.append(f"q_lengths={list(self.q_lengths)}")
+        if self.k_lengths is not None:
+            parts.append(f"k_lengths={list(self.k_lengths)}")
+        if self.explicit is not None:
+            parts.append("explicit")
+        return "+".join(parts) or "none"
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True, eq=False)
+class AttentionCase:
+    """One attention problem with exact inputs; see ``reference`` for the layout glossary.
+
+    ``q``, ``k``, ``v`` hold values of one input dtype (float16, ml_dtypes.bfloat16, float32);
+    every tier sees exactly these values. They must be finite except in padding (positions past
+    ``mask.q_lengths`` / ``mask.k_lengths``), which no kernel may read.
+    """
+
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    softmax_scale: float | None = None
+    mask: Mask = field(default_factory=Mask)
+    label: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("q", "k", "v"):
+            array = getattr(self, name)
+            if not isinstance(array, np.ndarray):
+                raise ValueError(f"{name} must be a numpy array, got {type(array).__name__}")
+            if array.ndim != 4:
+                raise ValueError(
+                    f"{name} must have rank 4 ({_LAYOUT[name]}), got shape {array.shape}"
+                )
+            if array.dtype.name not in INPUT_DTYPES:
+                raise ValueError(
+                    f"{name}.dtype={array.dtype.name} must be one of {sorted(INPUT_DTYPES)}"
+                )
+        if not (self.q.dtype == self.k.dtype == self.v.dtype):
+            raise ValueError(
+                f"q, k, v must share one dtype, got {self.q.dtype.name}, "
+                f"{self.k.dtype.name}, {self.v.dtype.name}"
+            )
+        self._check_shapes()
+        self._check_scale()
+        self._check_mask()
+        for name in ("q", "k", "v"):
+            array = np.array(getattr(self, name), copy=True)
+            array.setflags(write=False)
+            object.__setattr__(self, name, array)
+        self._check_finite()
+
+    def _check_shapes(self) -> None:
+        (B, Sq, Hq, D), (Bk, Sk, Hkv, Dk), (Bv, Skv, Hv, _) = self.q.shape, self.k.shape, self.v.shape
+        if (Bk, Bv) != (B, B):
+            raise ValueError(f"batch sizes must match: q B={B}, k B={Bk}, v B={Bv}")
+        if Skv != Sk:
+            raise ValueError(f"k and v must have the same Sk, got k Sk={Sk}, v Sk={Skv}")
+        if Hv != Hkv:
+            raise ValueError(f"k and v must have the same Hkv, got k Hkv={Hkv}, v Hkv={Hv}")
+        if Dk != D:
+            raise ValueError(f"q and k must have the same head dim D, got q D={D}, k D={Dk}")
+        if min(B, Hq, Hkv, D, self.v.shape[3]) < 1:
+            raise ValueError(f"B, Hq, Hkv, D, Dv must be >= 1, got q {self.q.shape}, v {self.v.shape}")
+        if Hq % Hkv:
+            raise ValueError(f"Hq={Hq} must be a multiple of Hkv={Hkv} (GQA/MQA head ratio)")
+
+    def _check_scale(self) -> None:
+        scale = self.softmax_scale
+        if scale is None:
+            object.__setattr__(self, "softmax_scale", 1.0 / math.sqrt(self.D))
+            return
+        if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating)):
+            raise ValueError(f"softmax_scale={scale!r} must be a float")
+        if not (math.isfinite(scale) and scale > 0):
+            raise ValueError(f"softmax_scale={scale!r} must be finite and > 0")
+        object.__setattr__(self, "softmax_scale", float(scale))
+
+    def _check_mask(self) -> None:
+        mask = self.mask
+        if not isinstance(mask, Mask):
+            raise ValueError(f"mask must be a reference.case.Mask, got {type(mask).__name__}")
+        for name, limit in (("q_lengths", self.Sq), ("k_lengths", self.Sk)):
+            lengths = getattr(mask, name)
+            if lengths is None:
+                continue
+            if len(lengths) != self.B:
+                raise ValueError(f"mask.{name} must have B={self.B} entries, got {len(lengths)}")
+            if max(lengths) > limit:
+                raise ValueError(f"mask.{name}={list(lengths)} must not exceed {limit} (padded length)")
+        if mask.explicit is not None:
+            target = (self.B, self.Hq, self.Sq, self.Sk)
+            try:
+                np.broadcast_shapes(mask.explicit.shape, target)
+            except ValueError:
+                raise ValueError(
+                    f"mask.explicit shape {mask.explicit.shape} must broadcast to [B, Hq, Sq, Sk]={target}"
+                ) from None
+            if np.broadcast_shapes(mask.explicit.shape, target) != target:
+                raise ValueError(
+                    f"mask.explicit shape {mask.explicit.shape} must broadcast to [B, Hq, Sq, Sk]={target}"
+                )
+
+    def _check_finite(self) -> None:
+        for name, lengths in (("q", self.mask.q_lengths), ("k", self.mask.k_lengths), ("v", self.mask.k_lengths)):
+            array = getattr(self, name).astype(np.float32)
+            bad = ~np.isfinite(array)
+            if lengths is not None:
+                positions = np.arange(array.shape[1])[None, :]
+                bad &= (positions < np.asarray(lengths)[:, None])[:, :, None, None]
+            if bad.any():
+                index = tuple(int(i) for i in np.argwhere(bad)[0])
+                raise ValueError(
+                    f"{name} must be finite outside padding, found {array[index]} at {name}{list(index)}"
+                )
+
+    # Shape letters, as in the glossary.
+    B = property(lambda self: self.q.shape[0])
+    Sq = property(lambda self: self.q.shape[1])
+    Hq = property(lambda self: self.q.shape[2])
+    D = property(lambda self: self.q.shape[3])
+    Sk = property(lambda self: self.k.shape[1])
+    Hkv = property(lambda self: self.k.shape[2])
+    Dv = property(lambda self: self.v.shape[3])
+
+    @property
+    def dtype(self) -> str:
+        """Input dtype name: ``float16``, ``bfloat16`` or ``float32``."""
+        return self.q.dtype.name
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per kv head (1 = MHA, Hq = MQA)."""
+        return self.Hq // self.Hkv
+
+    def kv_head(self, h: int) -> int:
+        """The kv head read by query head ``h``."""
+        return h // self.group_size
+
+    def q_length(self, b: int) -> int:
+        return self.Sq if self.mask.q_lengths is None else self.mask.q_lengths[b]
+
+    def k_length(self, b: int) -> int:
+        return self.Sk if self.mask.k_lengths is None else self.mask.k_lengths[b]
+
+    def describe(self) -> str:
+        """One line: shapes, dtype, mask, label."""
+        shape = f"B={self.B} Sq={self.Sq} Sk={self.Sk} Hq={self.Hq} Hkv={self.Hkv} D={self.D} Dv={self.Dv}"
+        label = f" [{self.label}]" if self.label else ""
+        return f"{shape} {self.dtype} mask={self.mask.describe()} scale={self.softmax_scale:.6g}{label}"
+
+    def save(self, path: str | Path) -> Path:
+        """Write the case to ``.npz`` (bf16 stored as uint16 bits) so it can be replayed."""
+        path = Path(path)
+        mask = self.mask
+        arrays = {name: getattr(self, name).view(np.uint16) if self.dtype == "bfloat16" else getattr(self, name) for name in "qkv"}
+        extras = {} if mask.explicit is None else {"explicit": mask.explicit}
+        np.savez_compressed(
+            path,
+            **arrays,
+            **extras,
+            dtype=self.dtype,
+            softmax_scale=self.softmax_scale,
+            causal=mask.causal,
+            alignment=mask.alignment.value,
+            window=np.array([-1 if w is None else w for w in (mask.window_left, mask.window_right)]),
+            q_lengths=np.array(mask.q_lengths if mask.q_lengths is not None else [-1]),
+            k_lengths=np.array(mask.k_lengths if mask.k_lengths is not None else [-1]),
+            label=self.label,
+        )
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> AttentionCase:
+        """Read a case written by :meth:`save`."""
+        with np.load(path) as data:
+            dtype = INPUT_DTYPES[str(data["dtype"])]
+            q, k, v = (data[name].view(dtype) for name in "qkv")
+            left, right = (None if w < 0 else int(w) for w in data["window"])
+            q_lengths, k_lengths = (
+                None if int(data[name][0]) < 0 else tuple(int(n) for n in data[name])
+                for name in ("q_lengths", "k_lengths")
+            )
+            mask = Mask(
+                causal=bool(data["causal"]),
+                window_left=left,
+                window_right=right,
+                alignment=CausalAlignment(str(data["alignment"])),
+                q_lengths=q_lengths,
+                k_lengths=k_lengths,
+                explicit=data["explicit"] if "explicit" in data else None,
+            )
+            return cls(q, k, v, float(data["softmax_scale"]), mask, str(data["label"]))
+
+
+_LAYOUT = {"q": "[B, Sq, Hq, D]", "k": "[B, Sk, Hkv, D]", "v": "[B, Sk, Hkv, Dv]"}
+
+
+@dataclass(frozen=True, eq=False)
+class AttentionResult:
+    """Output of any tier: ``o [B, Sq, Hq, Dv]`` and ``lse [B, Hq, Sq]`` (natural log).
+
+    Arrays are float64 holding the values the tier produced (already rounded to its output
+    dtype where it emulates one). ``lse`` is None when the tier or kernel does not provide it.
+    """
+
+    o: np.ndarray
+    lse: np.ndarray | None = None
