@@ -1,0 +1,116 @@
+"""The plug-in contract: what a kernel declares it supports, and how it is called.
+
+A kernel is any object satisfying :class:`KernelAdapter`: a ``spec`` plus ``__call__(case)``.
+The framework only generates cases inside ``spec`` (:meth:`KernelSpec.supports`), so a kernel
+is never failed for a feature it does not claim.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from reference.case import INPUT_DTYPES, AttentionCase, CausalAlignment
+from reference.precision import StreamingPrecision
+
+MASK_KINDS = frozenset({"causal", "window", "varlen", "explicit"})
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """What a kernel supports and how its conventions read.
+
+    * ``dtypes``, ``head_dims`` (D; ``head_dims_v`` for Dv, None = must equal D), ``mask_kinds``
+      (subset of {causal, window, varlen, explicit}), ``gqa`` (Hq a multiple of Hkv > 1).
+    * ``causal_alignment``: the diagonal its causal/window masks use; cases with the other
+      alignment are generated only where both agree (Sq == Sk).
+    * ``tile_m`` / ``tile_n``: its block sizes; strategies draw lengths around their multiples.
+    * ``precision``: its precision chain per input dtype, for the streaming emulation and the bound
+      (None = FlashAttention's chain, ``StreamingPrecision.flash_attention(dtype)``).
+    * ``returns_lse``; ``lse_base`` "e" or "2" (adapters should convert to natural log).
+    * ``device``: "cpu" or "cuda"; ``deterministic``: bitwise-repeatable run to run.
+    """
+
+    name: str
+    dtypes: frozenset[str] = frozenset({"float16", "bfloat16"})
+    head_dims: frozenset[int] = frozenset({64, 128})
+    head_dims_v: frozenset[int] | None = None
+    mask_kinds: frozenset[str] = frozenset({"causal"})
+    causal_alignment: CausalAlignment = CausalAlignment.BOTTOM_RIGHT
+    gqa: bool = True
+    tile_m: int = 128
+    tile_n: int = 128
+    max_seqlen: int = 1 << 16
+    precision: dict[str, StreamingPrecision] = field(default_factory=dict)
+    returns_lse: bool = True
+    device: str = "cuda"
+    deterministic: bool = True
+
+    def __post_init__(self) -> None:
+        unknown = set(self.dtypes) - set(INPUT_DTYPES)
+        if unknown or not self.dtypes:
+            raise ValueError(f"spec.dtypes={sorted(self.dtypes)} must be a non-empty subset of {sorted(INPUT_DTYPES)}")
+        if set(self.mask_kinds) - MASK_KINDS:
+            raise ValueError(f"spec.mask_kinds={sorted(self.mask_kinds)} must be a subset of {sorted(MASK_KINDS)}")
+        if not self.head_dims or min(self.head_dims) < 1:
+            raise ValueError(f"spec.head_dims={sorted(self.head_dims)} must be non-empty positive ints")
+        if min(self.tile_m, self.tile_n) < 1:
+            raise ValueError(f"spec.tile_m={self.tile_m}, tile_n={self.tile_n} must be >= 1")
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"spec.device={self.device!r} must be 'cpu' or 'cuda'")
+
+    def precision_for(self, dtype: str) -> StreamingPrecision:
+        """The declared precision chain for inputs of ``dtype``."""
+        return self.precision.get(dtype) or StreamingPrecision.flash_attention(dtype)
+
+    def unsupported(self, case: AttentionCase) -> str | None:
+        """Why ``case`` is outside this declaration, or None if the kernel must handle it."""
+        if case.dtype not in self.dtypes:
+            return f"dtype {case.dtype} not in {sorted(self.dtypes)}"
+        if case.D not in self.head_dims:
+            return f"head dim D={case.D} not in {sorted(self.head_dims)}"
+        dims_v = self.head_dims_v if self.head_dims_v is not None else {case.D}
+        if case.Dv not in dims_v:
+            return f"value head dim Dv={case.Dv} not supported (allowed {sorted(dims_v)})"
+        missing = case.mask.kinds - self.mask_kinds
+        if missing:
+            return f"mask kinds {sorted(missing)} not supported"
+        if case.group_size > 1 and not self.gqa:
+            return "GQA/MQA (Hq > Hkv) not supported"
+        if max(case.Sq, case.Sk) > self.max_seqlen:
+            return f"sequence length above max_seqlen={self.max_seqlen}"
+        aligned = case.mask.causal or "window" in case.mask.kinds
+        if aligned and case.mask.alignment is not self.causal_alignment and not _alignments_agree(case):
+            return f"{case.mask.alignment.value} alignment differs from the kernel's {self.causal_alignment.value}"
+        return None
+
+    def supports(self, case: AttentionCase) -> bool:
+        return self.unsupported(case) is None
+
+
+def _alignments_agree(case: AttentionCase) -> bool:
+    """Both diagonals coincide when every batch has equal valid q and k lengths."""
+    return all(case.q_length(b) == case.k_length(b) for b in range(case.B))
+
+
+@dataclass(frozen=True, eq=False)
+class KernelOutput:
+    """What a kernel returns, as float64 host arrays in the project layout.
+
+    ``o [B, Sq, Hq, Dv]`` holds the kernel's output values (already in its output dtype);
+    ``lse [B, Hq, Sq]`` natural log, or None if the kernel has none.
+    """
+
+    o: np.ndarray
+    lse: np.ndarray | None = None
+
+
+@runtime_checkable
+class KernelAdapter(Protocol):
+    """A kernel plugged into the framework: a declaration plus a call on one case."""
+
+    spec: KernelSpec
+
+    def __call__(self, case: AttentionCase) -> KernelOutput: ...

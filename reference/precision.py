@@ -1,0 +1,114 @@
+"""A kernel's precision chain, and rounding to 16-bit formats without double rounding.
+
+``StreamingPrecision`` is what the streaming tier emulates and what ``bounds`` derives its
+tolerance from, so a kernel declares its chain once and both follow it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+from reference.case import dtype_name
+
+_ROUNDING_DTYPES = {
+    "float16": np.dtype(np.float16),
+    "bfloat16": np.dtype(ml_dtypes.bfloat16),
+    "float32": np.dtype(np.float32),
+    "float64": np.dtype(np.float64),
+}
+
+
+def round_to(x: np.ndarray, dtype: str) -> np.ndarray:
+    """Round ``x`` to ``dtype`` (round to nearest even) and return it as float64 values.
+
+    float64 -> bfloat16 is done on the float64 bits: ml_dtypes goes through float32 and double
+    rounds (shared/notes/numerics.md, 3.1). float32 input converts directly.
+    """
+    if dtype not in _ROUNDING_DTYPES:
+        raise ValueError(f"dtype={dtype!r} must be one of {sorted(_ROUNDING_DTYPES)}")
+    x = np.asarray(x)
+    if dtype == "bfloat16" and x.dtype == np.float64:
+        return _round_float64_to_bfloat16(x)
+    return x.astype(_ROUNDING_DTYPES[dtype]).astype(np.float64)
+
+
+def _round_float64_to_bfloat16(x: np.ndarray) -> np.ndarray:
+    # Round to 8 significant bits on the float64 bits (RNE), then let ml_dtypes handle the range
+    # (overflow to inf, subnormals): the float32 step is then exact except below bf16's normal range.
+    bits = np.ascontiguousarray(x, dtype=np.float64).view(np.uint64)
+    finite = np.isfinite(x)
+    shift = np.uint64(45)
+    half = np.uint64(1) << (shift - np.uint64(1))
+    lsb = (bits >> shift) & np.uint64(1)
+    rounded = ((bits + half - np.uint64(1) + lsb) >> shift) << shift
+    rounded = np.where(finite, rounded, bits).view(np.float64)
+    # Below bf16's normal range the spacing is fixed at 2^-133: round on that grid (RNE).
+    tiny = np.abs(x) < 2.0**-126
+    rounded = np.where(tiny, np.round(x * 2.0**133) * 2.0**-133, rounded)
+    with np.errstate(over="ignore"):  # beyond bf16's range the answer is inf, as intended
+        return rounded.astype(np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)
+
+
+@dataclass(frozen=True)
+class StreamingPrecision:
+    """Precision of each stage of a FlashAttention-style forward pass.
+
+    * ``score_dtype``: S = Q K^T accumulation and the exp2 argument (``float32`` or ``float64``).
+    * ``p_dtype``: P rounded to this before P V (``float16``/``bfloat16``), or None to keep it.
+    * ``row_sum_from_rounded_p``: row_sum adds the rounded P (True) or the unrounded p (False).
+    * ``accum_dtype``: O and row_sum accumulators (``float32`` or ``float64``).
+    * ``output_dtype``: final O rounding, or None to return the accumulator's values.
+    * ``rescale_threshold_log2``: raise the running max only when it grows by more than this many
+      log2 units (FA4 uses 8 for 16-bit inputs; 0 = always).
+    """
+
+    score_dtype: str = "float32"
+    p_dtype: str | None = None
+    row_sum_from_rounded_p: bool = False
+    accum_dtype: str = "float32"
+    output_dtype: str | None = None
+    rescale_threshold_log2: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("score_dtype", "accum_dtype"):
+            value = getattr(self, name)
+            if value not in ("float32", "float64"):
+                raise ValueError(f"{name}={value!r} must be 'float32' or 'float64'")
+        if self.p_dtype is not None and self.p_dtype not in ("float16", "bfloat16"):
+            raise ValueError(f"p_dtype={self.p_dtype!r} must be None, 'float16' or 'bfloat16'")
+        if self.output_dtype is not None:
+            dtype_name(self.output_dtype)
+        if not self.rescale_threshold_log2 >= 0:
+            raise ValueError(f"rescale_threshold_log2={self.rescale_threshold_log2!r} must be >= 0")
+
+    @classmethod
+    def float64(cls) -> StreamingPrecision:
+        """Every stage in float64, no rounding of P or O: the tier's 'exact algorithm' mode."""
+        return cls(score_dtype="float64", accum_dtype="float64")
+
+    @classmethod
+    def flash_attention(cls, input_dtype: str, *, rescale_threshold_log2: float = 0.0) -> StreamingPrecision:
+        """FlashAttention's chain for ``input_dtype`` inputs: fp32 S and accumulators, P rounded
+        to the input dtype before P V, row_sum from the fp32 p, O rounded to the input dtype."""
+        input_dtype = dtype_name(input_dtype)
+        p_dtype = None if input_dtype == "float32" else input_dtype
+        return cls(
+            score_dtype="float32",
+            p_dtype=p_dtype,
+            row_sum_from_rounded_p=False,
+            accum_dtype="float32",
+            output_dtype=input_dtype,
+            rescale_threshold_log2=rescale_threshold_log2,
+        )
+
+    @property
+    def is_float64(self) -> bool:
+        """True when nothing is rounded below float64 (results should match exact to ~1e-12)."""
+        return (
+            self.score_dtype == self.accum_dtype == "float64"
+            and self.p_dtype is None
+            and self.output_dtype is None
+        )
