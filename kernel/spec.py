@@ -10,9 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-import numpy as np
-
-from reference.case import INPUT_DTYPES, AttentionCase, CausalAlignment
+from reference.case import INPUT_DTYPES, AttentionCase, AttentionResult, CausalAlignment
 from reference.precision import StreamingPrecision
 
 MASK_KINDS = frozenset({"causal", "window", "varlen", "explicit"})
@@ -95,22 +93,12 @@ def _alignments_agree(case: AttentionCase) -> bool:
     return all(case.q_length(b) == case.k_length(b) for b in range(case.B))
 
 
-@dataclass(frozen=True, eq=False)
-class KernelOutput:
-    """What a kernel returns, as float64 host arrays in the project layout.
-
-    ``o [B, Sq, Hq, Dv]`` holds the kernel's output values (already in its output dtype);
-    ``lse [B, Hq, Sq]`` natural log, or None if the kernel has none.
-    """
-
-    o: np.ndarray
-    lse: np.ndarray | None = None
-
-
 @runtime_checkable
 class KernelAdapter(Protocol):
     """A kernel plugged into the framework: a declaration plus a call on one case."""
 
     spec: KernelSpec
 
-    def __call__(self, case: AttentionCase) -> KernelOutput: ...
+    def __call__(self, case: AttentionCase) -> AttentionResult:
+        """Run on ``case``; return float64 host arrays in the project layout, lse natural log."""
+        ...
