@@ -29,7 +29,11 @@ settings.register_profile(
     "thorough", max_examples=2000, deadline=None, suppress_health_check=_SLOW_OK, phases=list(Phase)
 )
 settings.register_profile(
-    "debug", max_examples=10, deadline=None, verbosity=Verbosity.verbose, suppress_health_check=_SLOW_OK
+    "debug",
+    max_examples=10,
+    deadline=None,
+    verbosity=Verbosity.verbose,
+    suppress_health_check=_SLOW_OK,
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
@@ -69,7 +73,11 @@ def _is_blackwell() -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    unmarked = [item.nodeid for item in items if not ({"cpu", "gpu"} & {m.name for m in item.iter_markers()})]
+    unmarked = [
+        item.nodeid
+        for item in items
+        if not ({"cpu", "gpu"} & {m.name for m in item.iter_markers()})
+    ]
     if unmarked:
         raise pytest.UsageError(f"every test must be marked cpu or gpu; unmarked: {unmarked[:5]}")
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
@@ -86,7 +94,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_report_header(config: pytest.Config) -> list[str]:
     import mpmath
 
-    has_cuda, gpu = _cuda_available() if config.getoption("-m") != "cpu" else (False, "not probed (-m cpu)")
+    has_cuda, gpu = (
+        _cuda_available() if config.getoption("-m") != "cpu" else (False, "not probed (-m cpu)")
+    )
     profile = settings.get_current_profile_name()
     return [
         f"numpy {np.__version__}, mpmath {mpmath.__version__} (backend {mpmath.libmp.BACKEND})",

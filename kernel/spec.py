@@ -49,11 +49,19 @@ class KernelSpec:
     def __post_init__(self) -> None:
         unknown = set(self.dtypes) - set(INPUT_DTYPES)
         if unknown or not self.dtypes:
-            raise ValueError(f"spec.dtypes={sorted(self.dtypes)} must be a non-empty subset of {sorted(INPUT_DTYPES)}")
+            raise ValueError(
+                f"spec.dtypes={sorted(self.dtypes)} must be a non-empty subset of "
+                f"{sorted(INPUT_DTYPES)}"
+            )
         if set(self.mask_kinds) - MASK_KINDS:
-            raise ValueError(f"spec.mask_kinds={sorted(self.mask_kinds)} must be a subset of {sorted(MASK_KINDS)}")
+            raise ValueError(
+                f"spec.mask_kinds={sorted(self.mask_kinds)} must be a subset of "
+                f"{sorted(MASK_KINDS)}"
+            )
         if not self.head_dims or min(self.head_dims) < 1:
-            raise ValueError(f"spec.head_dims={sorted(self.head_dims)} must be non-empty positive ints")
+            raise ValueError(
+                f"spec.head_dims={sorted(self.head_dims)} must be non-empty positive ints"
+            )
         if min(self.tile_m, self.tile_n) < 1:
             raise ValueError(f"spec.tile_m={self.tile_m}, tile_n={self.tile_n} must be >= 1")
         if self.device not in ("cpu", "cuda"):
@@ -80,8 +88,13 @@ class KernelSpec:
         if max(case.Sq, case.Sk) > self.max_seqlen:
             return f"sequence length above max_seqlen={self.max_seqlen}"
         aligned = case.mask.causal or "window" in case.mask.kinds
-        if aligned and case.mask.alignment is not self.causal_alignment and not _alignments_agree(case):
-            return f"{case.mask.alignment.value} alignment differs from the kernel's {self.causal_alignment.value}"
+        if (
+            aligned
+            and case.mask.alignment is not self.causal_alignment
+            and not _alignments_agree(case)
+        ):
+            theirs, ours = case.mask.alignment.value, self.causal_alignment.value
+            return f"{theirs} alignment differs from the kernel's {ours}"
         return None
 
     def supports(self, case: AttentionCase) -> bool:

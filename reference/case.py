@@ -161,7 +161,11 @@ class AttentionCase:
         self._check_finite()
 
     def _check_shapes(self) -> None:
-        (B, Sq, Hq, D), (Bk, Sk, Hkv, Dk), (Bv, Skv, Hv, _) = self.q.shape, self.k.shape, self.v.shape
+        (B, _, Hq, D), (Bk, Sk, Hkv, Dk), (Bv, Skv, Hv, _) = (
+            self.q.shape,
+            self.k.shape,
+            self.v.shape,
+        )
         if (Bk, Bv) != (B, B):
             raise ValueError(f"batch sizes must match: q B={B}, k B={Bk}, v B={Bv}")
         if Skv != Sk:
@@ -171,7 +175,9 @@ class AttentionCase:
         if Dk != D:
             raise ValueError(f"q and k must have the same head dim D, got q D={D}, k D={Dk}")
         if min(B, Hq, Hkv, D, self.v.shape[3]) < 1:
-            raise ValueError(f"B, Hq, Hkv, D, Dv must be >= 1, got q {self.q.shape}, v {self.v.shape}")
+            raise ValueError(
+                f"B, Hq, Hkv, D, Dv must be >= 1, got q {self.q.shape}, v {self.v.shape}"
+            )
         if Hq % Hkv:
             raise ValueError(f"Hq={Hq} must be a multiple of Hkv={Hkv} (GQA/MQA head ratio)")
 
@@ -197,22 +203,27 @@ class AttentionCase:
             if len(lengths) != self.B:
                 raise ValueError(f"mask.{name} must have B={self.B} entries, got {len(lengths)}")
             if max(lengths) > limit:
-                raise ValueError(f"mask.{name}={list(lengths)} must not exceed {limit} (padded length)")
+                raise ValueError(
+                    f"mask.{name}={list(lengths)} must not exceed {limit} (padded length)"
+                )
         if mask.explicit is not None:
             target = (self.B, self.Hq, self.Sq, self.Sk)
             try:
-                np.broadcast_shapes(mask.explicit.shape, target)
+                broadcasts = np.broadcast_shapes(mask.explicit.shape, target) == target
             except ValueError:
+                broadcasts = False
+            if not broadcasts:
                 raise ValueError(
-                    f"mask.explicit shape {mask.explicit.shape} must broadcast to [B, Hq, Sq, Sk]={target}"
-                ) from None
-            if np.broadcast_shapes(mask.explicit.shape, target) != target:
-                raise ValueError(
-                    f"mask.explicit shape {mask.explicit.shape} must broadcast to [B, Hq, Sq, Sk]={target}"
+                    f"mask.explicit shape {mask.explicit.shape} must broadcast to "
+                    f"[B, Hq, Sq, Sk]={target}"
                 )
 
     def _check_finite(self) -> None:
-        for name, lengths in (("q", self.mask.q_lengths), ("k", self.mask.k_lengths), ("v", self.mask.k_lengths)):
+        for name, lengths in (
+            ("q", self.mask.q_lengths),
+            ("k", self.mask.k_lengths),
+            ("v", self.mask.k_lengths),
+        ):
             array = getattr(self, name).astype(np.float32)
             bad = ~np.isfinite(array)
             if lengths is not None:
@@ -221,7 +232,8 @@ class AttentionCase:
             if bad.any():
                 index = tuple(int(i) for i in np.argwhere(bad)[0])
                 raise ValueError(
-                    f"{name} must be finite outside padding, found {array[index]} at {name}{list(index)}"
+                    f"{name} must be finite outside padding, "
+                    f"found {array[index]} at {name}{list(index)}"
                 )
 
     # Shape letters, as in the glossary.
@@ -255,15 +267,24 @@ class AttentionCase:
 
     def describe(self) -> str:
         """One line: shapes, dtype, mask, label."""
-        shape = f"B={self.B} Sq={self.Sq} Sk={self.Sk} Hq={self.Hq} Hkv={self.Hkv} D={self.D} Dv={self.Dv}"
+        shape = (
+            f"B={self.B} Sq={self.Sq} Sk={self.Sk} Hq={self.Hq} Hkv={self.Hkv} "
+            f"D={self.D} Dv={self.Dv}"
+        )
         label = f" [{self.label}]" if self.label else ""
-        return f"{shape} {self.dtype} mask={self.mask.describe()} scale={self.softmax_scale:.6g}{label}"
+        mask = self.mask.describe()
+        return f"{shape} {self.dtype} mask={mask} scale={self.softmax_scale:.6g}{label}"
 
     def save(self, path: str | Path) -> Path:
         """Write the case to ``.npz`` (bf16 stored as uint16 bits) so it can be replayed."""
         path = Path(path)
         mask = self.mask
-        arrays = {name: getattr(self, name).view(np.uint16) if self.dtype == "bfloat16" else getattr(self, name) for name in "qkv"}
+        arrays = {
+            name: getattr(self, name).view(np.uint16)
+            if self.dtype == "bfloat16"
+            else getattr(self, name)
+            for name in "qkv"
+        }
         extras = {} if mask.explicit is None else {"explicit": mask.explicit}
         np.savez_compressed(
             path,
@@ -273,7 +294,9 @@ class AttentionCase:
             softmax_scale=self.softmax_scale,
             causal=mask.causal,
             alignment=mask.alignment.value,
-            window=np.array([-1 if w is None else w for w in (mask.window_left, mask.window_right)]),
+            window=np.array(
+                [-1 if w is None else w for w in (mask.window_left, mask.window_right)]
+            ),
             q_lengths=np.array(mask.q_lengths if mask.q_lengths is not None else [-1]),
             k_lengths=np.array(mask.k_lengths if mask.k_lengths is not None else [-1]),
             label=self.label,

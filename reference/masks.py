@@ -12,7 +12,11 @@ from reference.case import AttentionCase, CausalAlignment
 
 
 def visible(
-    case: AttentionCase, b: int, h: int, rows: np.ndarray | slice = slice(None), cols: np.ndarray | slice = slice(None)
+    case: AttentionCase,
+    b: int,
+    h: int,
+    rows: np.ndarray | slice = slice(None),
+    cols: np.ndarray | slice = slice(None),
 ) -> np.ndarray:
     """Bool array ``[len(rows), len(cols)]``: True where query row i of (batch b, query head h)
     sees key j. ``rows`` / ``cols`` select absolute positions (a slice or an index array), so a
@@ -42,7 +46,9 @@ def visible(
 
 def visible_all(case: AttentionCase) -> np.ndarray:
     """Bool array ``[B, Hq, Sq, Sk]`` of :func:`visible` for every batch and query head."""
-    return np.stack([np.stack([visible(case, b, h) for h in range(case.Hq)]) for b in range(case.B)])
+    return np.stack(
+        [np.stack([visible(case, b, h) for h in range(case.Hq)]) for b in range(case.B)]
+    )
 
 
 def empty_rows(case: AttentionCase) -> np.ndarray:

@@ -37,7 +37,7 @@ def round_to(x: np.ndarray, dtype: str) -> np.ndarray:
 
 def _round_float64_to_bfloat16(x: np.ndarray) -> np.ndarray:
     # Round to 8 significant bits on the float64 bits (RNE), then let ml_dtypes handle the range
-    # (overflow to inf, subnormals): the float32 step is then exact except below bf16's normal range.
+    # (overflow to inf): the float32 step is then exact except below bf16's normal range.
     bits = np.ascontiguousarray(x, dtype=np.float64).view(np.uint64)
     finite = np.isfinite(x)
     shift = np.uint64(45)
@@ -90,7 +90,9 @@ class StreamingPrecision:
         return cls(score_dtype="float64", accum_dtype="float64")
 
     @classmethod
-    def flash_attention(cls, input_dtype: str, *, rescale_threshold_log2: float = 0.0) -> StreamingPrecision:
+    def flash_attention(
+        cls, input_dtype: str, *, rescale_threshold_log2: float = 0.0
+    ) -> StreamingPrecision:
         """FlashAttention's chain for ``input_dtype`` inputs: fp32 S and accumulators, P rounded
         to the input dtype before P V, row_sum from the fp32 p, O rounded to the input dtype."""
         input_dtype = dtype_name(input_dtype)
