@@ -16,6 +16,8 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, Phase, Verbosity, settings  # noqa: E402
 
+pytest_plugins = ["pytester", "kernel.gpu_workers"]  # gpu_workers: one GPU per xdist worker
+
 _SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large]
 settings.register_profile("dev", max_examples=25, deadline=None, suppress_health_check=_SLOW_OK)
 settings.register_profile(
