@@ -29,6 +29,11 @@ class KernelSpec:
       (None = FlashAttention's chain, ``StreamingPrecision.flash_attention(dtype)``).
     * ``returns_lse``; ``lse_base`` "e" or "2" (adapters should convert to natural log).
     * ``device``: "cpu" or "cuda"; ``deterministic``: bitwise-repeatable run to run.
+    * ``empty_rows``: what it writes in a valid query row that sees no key: "zero" (O = 0,
+      LSE = -inf, the project convention) or "nan" (e.g. a dense softmax over an all-masked row).
+    * ``padded_rows``: query rows past ``q_lengths``: "zero" (written as empty rows) or
+      "unwritten" (left as they were). Declared differences are checked and translated by the
+      harness, never reported as failures.
     """
 
     name: str
@@ -45,6 +50,8 @@ class KernelSpec:
     returns_lse: bool = True
     device: str = "cuda"
     deterministic: bool = True
+    empty_rows: str = "zero"
+    padded_rows: str = "zero"
 
     def __post_init__(self) -> None:
         unknown = set(self.dtypes) - set(INPUT_DTYPES)
@@ -64,6 +71,10 @@ class KernelSpec:
             )
         if min(self.tile_m, self.tile_n) < 1:
             raise ValueError(f"spec.tile_m={self.tile_m}, tile_n={self.tile_n} must be >= 1")
+        if self.empty_rows not in ("zero", "nan"):
+            raise ValueError(f"spec.empty_rows={self.empty_rows!r} must be 'zero' or 'nan'")
+        if self.padded_rows not in ("zero", "unwritten"):
+            raise ValueError(f"spec.padded_rows={self.padded_rows!r} must be 'zero' or 'unwritten'")
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"spec.device={self.device!r} must be 'cpu' or 'cuda'")
 
