@@ -1,0 +1,290 @@
+"""Properties of the streaming tier (reference/streaming.py): agreement with a dense float64
+softmax, block/order independence, the rescale trace, emulated precisions, empty rows, padding.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tracemalloc
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from reference.case import INPUT_DTYPES, AttentionCase, CausalAlignment, Mask
+from reference.masks import empty_rows, visible_all
+from reference.precision import StreamingPrecision, round_to
+from reference.streaming import RescaleTrace, streaming_attention
+
+pytestmark = pytest.mark.cpu
+
+FLOAT64 = StreamingPrecision.float64()
+
+
+@st.composite
+def small_cases(draw, *, dtypes=tuple(INPUT_DTYPES), masks: bool = True) -> AttentionCase:
+    """Small benign cases (N(0,1)-ish values) with every mask feature and NaN in padding.
+
+    Shapes, mask parameters and a seed are drawn; arrays come from NumPy's RNG, so shrinking
+    works on the parameters (shared/notes/numerics.md, section 5).
+    """
+    B, Hkv, group = draw(st.integers(1, 2)), draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    Sq, Sk, D, Dv = (draw(st.integers(1, n)) for n in (20, 24, 16, 8))
+    dtype = INPUT_DTYPES[draw(st.sampled_from(dtypes))]
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    q, k = (rng.normal(0, 1.5, (B, S, H, D)) for S, H in ((Sq, Hkv * group), (Sk, Hkv)))
+    v = rng.normal(0, 1, (B, Sk, Hkv, Dv))
+    mask = Mask()
+    if masks:
+        window = st.none() | st.integers(0, 6)
+        lengths = st.none() | st.tuples(*[st.integers(0, Sk)] * B)
+        mask = Mask(
+            causal=draw(st.booleans()),
+            alignment=draw(st.sampled_from(CausalAlignment)),
+            window_left=draw(window),
+            window_right=draw(window),
+            q_lengths=draw(st.none() | st.tuples(*[st.integers(0, Sq)] * B)),
+            k_lengths=draw(lengths),
+            explicit=rng.random((B, 1, Sq, Sk)) < 0.8 if draw(st.booleans()) else None,
+        )
+        # Padding is never read by a kernel: poison it so a leak shows up as NaN.
+        for array, lens in ((q, mask.q_lengths), (k, mask.k_lengths), (v, mask.k_lengths)):
+            for b, n in enumerate(lens or ()):
+                array[b, n:] = np.nan
+    return AttentionCase(q.astype(dtype), k.astype(dtype), v.astype(dtype), mask=mask)
+
+
+blocks = st.tuples(st.integers(1, 16), st.integers(1, 16))
+
+
+def dense_reference(case: AttentionCase) -> tuple[np.ndarray, np.ndarray]:
+    """Plain float64 softmax over the full score matrix (small shapes only): ``(o, lse)``."""
+    seen = visible_all(case)  # [B, Hq, Sq, Sk]
+    q, k, v = (np.nan_to_num(getattr(case, x).astype(np.float64)) for x in "qkv")
+    k, v = (np.repeat(x, case.group_size, axis=2) for x in (k, v))
+    s = np.einsum("bihd,bjhd->bhij", q, k) * case.softmax_scale
+    s = np.where(seen, s, -np.inf)
+    m = np.where(seen.any(-1), s.max(-1), 0)[..., None]
+    p = np.exp(s - m)
+    l = p.sum(-1)
+    o = np.einsum("bhij,bjhd->bihd", p / np.where(l > 0, l, 1)[..., None], v)
+    lse = np.where(l > 0, np.log(np.where(l > 0, l, 1)) + m[..., 0], -np.inf)
+    return o, lse
+
+
+def assert_matches_reference(result, case: AttentionCase, rel: float = 1e-12) -> None:
+    """O within ``rel * max|V|`` (O is a convex combination of V rows), LSE within
+    ``rel * max(1, |lse|)``, and the same empty rows (-inf) on both sides."""
+    o_ref, lse_ref = dense_reference(case)
+    v_max = max(1.0, float(np.abs(np.nan_to_num(case.v.astype(np.float64))).max()))
+    np.testing.assert_allclose(result.o, o_ref, rtol=0, atol=rel * v_max)
+    assert np.array_equal(np.isneginf(result.lse), np.isneginf(lse_ref))
+    finite = np.isfinite(lse_ref)
+    np.testing.assert_allclose(
+        result.lse[finite],
+        lse_ref[finite],
+        rtol=rel,
+        atol=rel * np.abs(lse_ref[finite]).max(initial=1),
+    )
+
+
+@given(small_cases(), blocks, st.booleans())
+def test_float64_matches_dense_softmax(case, block, reverse):
+    result = streaming_attention(case, block_m=block[0], block_n=block[1], reverse_kv_order=reverse)
+    assert np.isfinite(result.o).all()
+    assert_matches_reference(result, case)
+
+
+@given(small_cases(), blocks, blocks)
+def test_float64_independent_of_blocks_and_kv_order(case, block_a, block_b):
+    a = streaming_attention(case, block_m=block_a[0], block_n=block_a[1])
+    b = streaming_attention(case, block_m=block_b[0], block_n=block_b[1], reverse_kv_order=True)
+    np.testing.assert_allclose(
+        a.o, b.o, rtol=0, atol=1e-13 * max(1, np.nanmax(np.abs(case.v.astype(float)), initial=0))
+    )
+    np.testing.assert_allclose(a.lse, b.lse, rtol=1e-13)
+
+
+def ramp_case(Sk: int, softmax_scale: float) -> AttentionCase:
+    """Score of key j is ``j * softmax_scale`` for every row: each K block sets a new max."""
+    q = np.ones((1, 3, 1, 2), np.float32)
+    k = np.zeros((1, Sk, 1, 2), np.float32)
+    k[0, :, 0, 0] = np.arange(Sk)
+    v = np.random.default_rng(0).normal(size=(1, Sk, 1, 4)).astype(np.float32)
+    return AttentionCase(q, k, v, softmax_scale=softmax_scale)
+
+
+@pytest.mark.parametrize("Sk, block_n", [(64, 8), (65, 8), (7, 1), (5, 16)])
+def test_ramp_rescales_once_per_block_after_the_first(Sk, block_n):
+    case = ramp_case(Sk, softmax_scale=0.5)
+    n_blocks = -(-Sk // block_n)
+    forward, backward = RescaleTrace(), RescaleTrace()
+    streaming_attention(case, block_n=block_n, trace=forward)
+    streaming_attention(case, block_n=block_n, reverse_kv_order=True, trace=backward)
+    assert (forward.rescales == n_blocks - 1).all()
+    assert (forward.max_raises == n_blocks).all()
+    assert (forward.visible_blocks == n_blocks).all()
+    # Visited last-to-first, the first block already holds the max: never raised again.
+    assert (backward.rescales == 0).all() and (backward.max_raises == 1).all()
+
+
+def test_threshold_keeps_stale_max_on_a_gentle_ramp():
+    # Each 8-key block raises the max by 8 * 0.05 * log2(e) ~ 0.58 log2 units, below 8.
+    case, block_n = ramp_case(256, softmax_scale=0.05), 8
+    n_blocks = 256 // block_n
+    exact, stale = RescaleTrace(), RescaleTrace()
+    ref = streaming_attention(case, block_n=block_n, trace=exact)
+    precision = dataclasses.replace(FLOAT64, rescale_threshold_log2=8.0)
+    got = streaming_attention(case, precision, block_n=block_n, trace=stale)
+    np.testing.assert_allclose(got.o, ref.o, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(got.lse, ref.lse, rtol=1e-12)
+    assert (exact.rescales == n_blocks - 1).all()
+    assert (0 < stale.rescales).all() and (stale.rescales < exact.rescales).all()
+    # Every block raises the true max, so each is either a rescale or a skipped one.
+    assert (stale.rescales + stale.skipped_rescales == n_blocks - 1).all()
+
+
+@given(small_cases(), st.floats(0, 20), blocks)
+def test_threshold_is_exact_and_only_drops_rescales(case, threshold, block):
+    kwargs = dict(block_m=block[0], block_n=block[1])
+    exact, stale = RescaleTrace(), RescaleTrace()
+    ref = streaming_attention(case, **kwargs, trace=exact)
+    precision = dataclasses.replace(FLOAT64, rescale_threshold_log2=threshold)
+    got = streaming_attention(case, precision, **kwargs, trace=stale)
+    # P <= 2^threshold under a stale max; the normalization uses the same max, so O and LSE
+    # agree to rounding (relative to 2^threshold-scaled sums).
+    np.testing.assert_allclose(
+        got.o, ref.o, rtol=0, atol=1e-12 * max(1, np.abs(ref.o).max(initial=0))
+    )
+    np.testing.assert_allclose(got.lse, ref.lse, rtol=1e-12)
+    # A raise under the threshold is a raise of the true max (the stale max is never more than
+    # the threshold below it), and every true raise is a raise or a skip.
+    assert (stale.rescales <= exact.rescales).all()
+    assert (exact.rescales <= stale.rescales + stale.skipped_rescales).all()
+    assert (exact.skipped_rescales == 0).all()
+    assert np.array_equal(stale.visible_blocks, exact.visible_blocks)
+
+
+@given(
+    small_cases(dtypes=("float16", "bfloat16")),
+    st.booleans(),
+    st.sampled_from([None, "float16", "bfloat16", "float32"]),
+    blocks,
+)
+def test_emulated_outputs_are_values_of_the_output_dtype(case, rounded_sum, output, block):
+    precision = dataclasses.replace(
+        StreamingPrecision.flash_attention(case.dtype),
+        row_sum_from_rounded_p=rounded_sum,
+        output_dtype=output,
+    )
+    result = streaming_attention(case, precision, block_m=block[0], block_n=block[1])
+    assert np.array_equal(round_to(result.o, output or "float32"), result.o)
+    assert np.array_equal(result.lse, result.lse.astype(np.float32))
+    assert np.array_equal(np.isneginf(result.lse), empty_rows(case))
+    assert np.isfinite(result.o).all() and not np.isnan(result.lse).any()
+
+
+@pytest.mark.parametrize("p_dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("rounded_sum", [False, True])
+def test_p_is_rounded_before_pv_and_row_sum_follows_the_knob(p_dtype, rounded_sum):
+    # Two keys, scores 0 and -0.25 (scale 1), V = [0, 1]: O = P1 / (P0 + P1) with P0 = 1.
+    q = np.ones((1, 1, 1, 1), np.float32)
+    k = np.array([0.0, -0.25], np.float32).reshape(1, 2, 1, 1)
+    v = np.array([0.0, 1.0], np.float32).reshape(1, 2, 1, 1)
+    case = AttentionCase(q, k, v, softmax_scale=1.0)
+    precision = StreamingPrecision(p_dtype=p_dtype, row_sum_from_rounded_p=rounded_sum)
+    result = streaming_attention(case, precision, block_n=1)
+    c = np.float32(np.log2(np.e))
+    p1 = np.exp2(np.float32(-0.25) * c)  # exact product: -0.25 is a power of two
+    p1_rounded = np.float32(round_to(p1, p_dtype))
+    assert p1_rounded != p1  # the check below can tell the two apart
+    row_sum = np.float32(1) + (p1_rounded if rounded_sum else p1)
+    assert result.o[0, 0, 0, 0] == p1_rounded / row_sum
+
+
+@pytest.mark.parametrize(
+    "Sq, Sk, mask",
+    [
+        (9, 4, Mask(causal=True)),  # bottom-right causal, Sq > Sk: the first 5 rows see nothing
+        (6, 6, Mask(k_lengths=(6, 0))),  # batch 1 has no keys
+        (5, 7, Mask(explicit=np.repeat((np.arange(5) % 2 == 1)[None, None, :, None], 7, axis=3))),
+        (6, 5, Mask(q_lengths=(3, 6), window_left=0, window_right=0, causal=True)),
+    ],
+)
+@pytest.mark.parametrize("precision", [FLOAT64, StreamingPrecision.flash_attention("bfloat16")])
+def test_empty_rows_give_zero_output_and_minus_inf_lse(Sq, Sk, mask, precision):
+    rng = np.random.default_rng(1)
+    q, k, v = (rng.normal(size=(2, S, 2, 8)).astype(np.float16) for S in (Sq, Sk, Sk))
+    case = AttentionCase(q, k, v, mask=mask)
+    empty = empty_rows(case)
+    assert empty.any()
+    trace = RescaleTrace()
+    result = streaming_attention(case, precision, block_m=2, block_n=3, trace=trace)
+    assert np.isfinite(result.o).all() and not np.isnan(result.lse).any()
+    assert (result.o.transpose(0, 2, 1, 3)[empty] == 0).all()
+    assert np.array_equal(np.isneginf(result.lse), empty)
+    assert np.array_equal(trace.visible_blocks == 0, empty)
+    assert (trace.rescales[empty] == 0).all()
+
+
+@given(small_cases(), blocks, st.sampled_from(["float64", "bfloat16", "float16"]))
+def test_nan_in_padding_never_leaks(case, block, chain):
+    """The generated padding holds NaN; zero padding must give bit-identical results."""
+    precision = FLOAT64 if chain == "float64" else StreamingPrecision.flash_attention(chain)
+    zeroed = AttentionCase(
+        *(np.nan_to_num(getattr(case, x)) for x in "qkv"), case.softmax_scale, case.mask
+    )
+    kwargs = dict(block_m=block[0], block_n=block[1])
+    got, ref = (
+        streaming_attention(case, precision, **kwargs),
+        streaming_attention(zeroed, precision, **kwargs),
+    )
+    assert np.array_equal(got.o, ref.o) and np.array_equal(got.lse, ref.lse)
+    assert np.isfinite(got.o).all()
+
+
+@pytest.mark.parametrize(
+    "Sq, Sk, block_m, block_n", [(15, 25, 8, 8), (16, 17, 16, 16), (1, 3, 4, 2)]
+)
+def test_partial_last_blocks(Sq, Sk, block_m, block_n):
+    rng = np.random.default_rng(2)
+    q, k, v = (rng.normal(size=(1, S, 2, 8)).astype(np.float16) for S in (Sq, Sk, Sk))
+    case = AttentionCase(q, k, v)
+    trace = RescaleTrace()
+    result = streaming_attention(case, block_m=block_m, block_n=block_n, trace=trace)
+    assert_matches_reference(result, case)
+    assert (trace.visible_blocks == -(-Sk // block_n)).all()
+
+
+def test_memory_grows_with_blocks_not_with_sq_times_sk():
+    rng = np.random.default_rng(3)
+    S, D = 1024, 8
+    q, k, v = (rng.normal(size=(1, S, 1, D)).astype(np.float16) for _ in range(3))
+    case = AttentionCase(q, k, v)
+    tracemalloc.start()
+    try:
+        streaming_attention(
+            case, StreamingPrecision.flash_attention("float16"), block_m=32, block_n=32
+        )
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    full_scores = S * S * 8  # one float64 score matrix
+    assert peak < full_scores / 16, f"peak {peak} bytes vs {full_scores} for the full S"
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(block_m=0),
+        dict(block_n=2.5),
+        dict(block_m=True),
+        dict(precision="float32"),
+        dict(trace=object()),
+    ],
+)
+def test_invalid_arguments_raise_value_error(kwargs):
+    case = ramp_case(4, softmax_scale=1.0)
+    with pytest.raises(ValueError, match=next(iter(kwargs))):
+        streaming_attention(case, **kwargs)
