@@ -1,0 +1,346 @@
+"""Derived per-element forward-error bound of a FlashAttention-style pass (numerics.md 4.2).
+
+A fixed ``atol``/``rtol`` is either too loose or wrong for large scores, a V offset or
+subnormal P (shared/notes/numerics.md 4.3). Instead every output element gets the rigorous
+bound of its precision chain (a :class:`~reference.precision.StreamingPrecision`), evaluated in
+float64 from the case and a float64 (or exact) reference. Units: ``o`` bounds are absolute, in
+the units of V; ``lse`` bounds are absolute, in natural-log units.
+
+Notation per query row (``c = scale_log2 = log2(e) * softmax_scale``; ``s_j`` the unscaled score
+of visible key j; ``m = max_j s_j``; ``t_j = c (s_j - m) <= 0``; ``p_j = 2^t_j``;
+``l = sum_j p_j``; ``o_c = sum_j p_j v_jc / l``; ``n_b = ceil(Sk / block_n)``;
+``gamma_n(u) = n u / (1 - n u)`` (Higham 2002, 3.1)). Unit roundoffs, taken from the precision
+chain: ``u_s`` of the score dtype, ``u_a`` of the MMA accumulation (``mma_unit_roundoff`` when
+that stage is float32: tensor cores truncate, Fasi et al. 2021), ``u_acc`` of the O / row_sum
+accumulators, ``u_P``, ``sigma_P`` the unit roundoff and subnormal spacing of P's 16-bit format,
+``eps = exp2_error_ulp * 2 u_s`` the relative error of exp2, ``tau`` the rescale threshold::
+
+    dt_j  = c gamma_D(u_a) sum_k |q_k k_jk| + u_s (|t_j| + tau + 2 (|c m| + tau) + c |s_j|)
+    eta_j = expm1(ln2 dt_j + eps + r_j (eps + u_acc + 3 ln2 u_s (|c m| + tau)))
+    dP_j  = u_P p_j + sigma_P / 2           (P rounded to 16 bits before P V)
+    f     = tiny(score dtype)               (exp2 with flush-to-zero, per visible key)
+    |o^_c - o_c| <= 1.01 [ sum_j (p_j eta_j + f) |v_jc - o_c| + sum_j dP_j |v_jc|
+                           + gamma_{Sk + 2 n_b}(u_a) sum_j p_j |v_jc| ] / l
+                    + (gamma_{Sk + 2 n_b}(u_acc) + u_acc) |o_c|
+
+``r_j`` counts the rescales by ``alpha`` that can follow key j's block: the visible blocks after
+it (``kv_order="forward"``), before it (``"reverse"``), or all other visible blocks (``"any"``,
+valid for every visiting order, the default). When row_sum adds the *rounded* P, ``dP_j``
+multiplies ``|v_jc - o_c|`` instead of ``|v_jc|``. A 16-bit (or any narrower) output multiplies
+the bound by ``1 + u_o`` and adds ``u_o |o_c| + sigma_o / 2``. ``eta_j`` is the exponential of
+the summed relative perturbations, which equals numerics.md's linear sum to first order and
+stays rigorous when a perturbation is not small. An empty row gets bound 0: the kernel must
+return exactly 0. For ``StreamingPrecision.float64()`` every unit roundoff is 2^-53, so the
+bound is about ``Sk 2^-53 sum_j p_j |v_jc| / l``.
+
+LSE (natural log; a kernel computes ``m scale + ln l`` or ``(m c + log2 l) ln 2``)::
+
+    |lse^ - lse| <= 1.01 [ sum_j (p_j eta_j + f) / l + (sum_j dP_j / l if row_sum adds rounded P)
+                           + gamma_{Sk + 2 n_b}(u_acc) + eps max(1, ln l) ]
+                    + 3 u_s (|m scale| + tau ln2 + |lse|)
+
+The float64 evaluation of the bound itself is covered by the 1.01 factor; the one float32 step
+(the ``|v - o|`` sums, for speed) adds its own rigorous slack.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+from reference.case import AttentionCase, AttentionResult
+from reference.masks import visible
+from reference.precision import StreamingPrecision
+
+LOG2_E = math.log2(math.e)
+LN_2 = math.log(2.0)
+KV_ORDERS = ("forward", "reverse", "any")
+SECOND_ORDER_FACTOR = 1.01  # numerics.md 4.2: covers products of first-order terms
+_ROW_CHUNK_ELEMENTS = 1 << 18  # rows * Sk per chunk of score-shaped float64 arrays (2 MiB each)
+_ABSDEV_ELEMENTS = 1 << 19  # rows * Sk * Dv per float32 |v - o| block (2 MiB: stays in cache)
+
+
+def format_info(dtype: str) -> ml_dtypes.finfo:
+    """``finfo`` of a float format by name (float16, bfloat16, float32, float64)."""
+    return ml_dtypes.finfo(np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype))
+
+
+def unit_roundoff(dtype: str) -> float:
+    """``u = 2^-(mantissa bits + 1)``: the relative error of rounding to nearest in ``dtype``."""
+    return 2.0 ** -(format_info(dtype).nmant + 1)
+
+
+def gamma(n: float | np.ndarray, u: float) -> float | np.ndarray:
+    """Higham's ``gamma_n(u) = n u / (1 - n u)``, inf when ``n u >= 1``."""
+    nu = np.asarray(n, dtype=np.float64) * u
+    with np.errstate(divide="ignore"):
+        return np.where(nu < 1, nu / np.maximum(1 - nu, 0), np.inf)
+
+
+@dataclass(frozen=True)
+class _Chain:
+    """Unit roundoffs of each stage of ``precision`` (see the module docstring)."""
+
+    u_s: float
+    u_qk: float
+    eps: float
+    ftz: float
+    u_acc: float
+    u_pv: float
+    u_p: float
+    half_sub_p: float
+    u_o: float
+    half_sub_o: float
+    tau: float
+    rounded_p_sum: bool
+
+    @classmethod
+    def of(cls, precision: StreamingPrecision, exp2_error_ulp: float, mma_u: float) -> _Chain:
+        def mma(dtype: str) -> float:
+            return mma_u if dtype == "float32" else unit_roundoff(dtype)
+
+        u_s = unit_roundoff(precision.score_dtype)
+        p = precision.p_dtype
+        out = precision.output_dtype
+        narrower_out = out is not None and out != precision.accum_dtype
+        return cls(
+            u_s=u_s,
+            u_qk=mma(precision.score_dtype),
+            eps=exp2_error_ulp * 2 * u_s,
+            ftz=float(format_info(precision.score_dtype).tiny),
+            u_acc=unit_roundoff(precision.accum_dtype),
+            u_pv=mma(precision.accum_dtype),
+            u_p=0.0 if p is None else unit_roundoff(p),
+            half_sub_p=0.0 if p is None else float(format_info(p).smallest_subnormal) / 2,
+            u_o=unit_roundoff(out) if narrower_out else 0.0,
+            half_sub_o=float(format_info(out).smallest_subnormal) / 2 if narrower_out else 0.0,
+            tau=float(precision.rescale_threshold_log2),
+            rounded_p_sum=precision.row_sum_from_rounded_p,
+        )
+
+
+@dataclass
+class _RowChunk:
+    """Float64 softmax statistics of ``rows`` of (b, h), plus the bound's per-key weights."""
+
+    b: int
+    h: int
+    rows: slice
+    seen: np.ndarray  # [r, Sk] visible keys
+    p: np.ndarray  # [r, Sk] p_j = 2^t_j, 0 where masked
+    l: np.ndarray  # [r] row sum, 0 for empty rows
+    scaled_max: np.ndarray  # [r] softmax_scale * m (0 for empty rows)
+    w_common: np.ndarray  # [r, Sk] weights of |v - o|: p eta + f (+ dP with rounded-P row sum)
+    w_p: np.ndarray  # [r, Sk] dP_j, the P-rounding weights of |v| (0 with rounded-P row sum)
+
+
+def error_bound(
+    case: AttentionCase,
+    reference: AttentionResult,
+    precision: StreamingPrecision,
+    *,
+    block_n: int,
+    exp2_error_ulp: float = 2.0,
+    mma_unit_roundoff: float = 2**-23,
+    kv_order: str = "any",
+) -> np.ndarray:
+    """Rigorous bound ``[B, Sq, Hq, Dv]`` on ``|o_kernel - o_exact|`` (module docstring).
+
+    ``reference.o`` supplies ``o_c`` (rows where it is NaN, e.g. unsampled rows of an
+    ``ExactResult``, use a float64 recomputation); ``p_j``, ``m`` and ``l`` are recomputed in
+    float64 from ``case``, ``block_n`` rows' worth of memory at a time.
+    """
+    chain = _check(case, precision, block_n, exp2_error_ulp, mma_unit_roundoff, kv_order)
+    ref_o = np.asarray(reference.o, dtype=np.float64)
+    if ref_o.shape != (case.B, case.Sq, case.Hq, case.Dv):
+        raise ValueError(
+            f"reference.o shape {ref_o.shape} must be [B, Sq, Hq, Dv]="
+            f"{(case.B, case.Sq, case.Hq, case.Dv)}"
+        )
+    n = case.Sk + 2 * _num_blocks(case, block_n)
+    bound = np.zeros_like(ref_o)
+    for chunk in _row_chunks(case, chain, block_n, kv_order):
+        v = case.v[chunk.b, :, case.kv_head(chunk.h), :].astype(np.float64)
+        v = np.where(chunk.seen.any(axis=0)[:, None], v, 0)  # padding may hold NaN: never read
+        l_safe = np.where(chunk.l > 0, chunk.l, 1)[:, None]
+        o = ref_o[chunk.b, chunk.rows, chunk.h, :]
+        o = np.where(np.isnan(o), chunk.p @ v / l_safe, o)
+        abs_v = np.abs(v)
+        numerator = (
+            _weighted_abs_dev(chunk.w_common, v, o)
+            + chunk.w_p @ abs_v
+            + gamma(n, chain.u_pv) * (chunk.p @ abs_v)
+        )
+        out = SECOND_ORDER_FACTOR * numerator / l_safe
+        out += (gamma(n, chain.u_acc) + chain.u_acc) * np.abs(o)
+        out = out * (1 + chain.u_o) + chain.u_o * np.abs(o) + chain.half_sub_o
+        bound[chunk.b, chunk.rows, chunk.h, :] = np.where((chunk.l > 0)[:, None], out, 0)
+    return bound
+
+
+def lse_error_bound(
+    case: AttentionCase,
+    reference: AttentionResult,
+    precision: StreamingPrecision,
+    *,
+    block_n: int,
+    exp2_error_ulp: float = 2.0,
+    mma_unit_roundoff: float = 2**-23,
+    kv_order: str = "any",
+) -> np.ndarray:
+    """Rigorous bound ``[B, Hq, Sq]`` on ``|lse_kernel - lse_exact|`` (natural log; module
+    docstring). Empty rows get 0: the kernel must return exactly ``-inf``. ``reference.lse``
+    (None or NaN rows: a float64 recomputation) only supplies the magnitude ``|lse|``.
+    """
+    chain = _check(case, precision, block_n, exp2_error_ulp, mma_unit_roundoff, kv_order)
+    n = case.Sk + 2 * _num_blocks(case, block_n)
+    ref_lse = reference.lse
+    bound = np.zeros((case.B, case.Hq, case.Sq))
+    for chunk in _row_chunks(case, chain, block_n, kv_order):
+        nonempty = chunk.l > 0
+        ln_l = np.log(np.where(nonempty, chunk.l, 1))
+        lse = chunk.scaled_max + ln_l
+        if ref_lse is not None:
+            given = np.asarray(ref_lse, dtype=np.float64)[chunk.b, chunk.h, chunk.rows]
+            lse = np.where(np.isfinite(given), given, lse)
+        # Only weights that enter row_sum move the LSE: w_common (it holds dP when row_sum adds
+        # the rounded P); P's rounding before P V alone does not.
+        relative = chunk.w_common.sum(axis=1) / np.where(nonempty, chunk.l, 1)
+        out = SECOND_ORDER_FACTOR * (
+            relative + gamma(n, chain.u_acc) + chain.eps * np.maximum(1, ln_l)
+        )
+        out += 3 * chain.u_s * (np.abs(chunk.scaled_max) + chain.tau * LN_2 + np.abs(lse))
+        bound[chunk.b, chunk.h, chunk.rows] = np.where(nonempty, out, 0)
+    return bound
+
+
+def _check(
+    case: AttentionCase,
+    precision: StreamingPrecision,
+    block_n: int,
+    exp2_error_ulp: float,
+    mma_unit_roundoff: float,
+    kv_order: str,
+) -> _Chain:
+    if not isinstance(case, AttentionCase):
+        raise ValueError(f"case must be an AttentionCase, got {type(case).__name__}")
+    if not isinstance(precision, StreamingPrecision):
+        raise ValueError(f"precision must be a StreamingPrecision, got {type(precision).__name__}")
+    if isinstance(block_n, bool) or not isinstance(block_n, (int, np.integer)) or block_n < 1:
+        raise ValueError(f"block_n={block_n!r} must be an int >= 1 (the kernel's K/V tile)")
+    if not (isinstance(exp2_error_ulp, (int, float)) and 0 <= exp2_error_ulp < 2**20):
+        raise ValueError(f"exp2_error_ulp={exp2_error_ulp!r} must be a float in [0, 2^20)")
+    if not (isinstance(mma_unit_roundoff, (int, float)) and 0 < mma_unit_roundoff < 2**-8):
+        raise ValueError(f"mma_unit_roundoff={mma_unit_roundoff!r} must be in (0, 2^-8)")
+    if kv_order not in KV_ORDERS:
+        raise ValueError(f"kv_order={kv_order!r} must be one of {KV_ORDERS}")
+    return _Chain.of(precision, float(exp2_error_ulp), float(mma_unit_roundoff))
+
+
+def _num_blocks(case: AttentionCase, block_n: int) -> int:
+    return -(-case.Sk // block_n)
+
+
+def _row_chunks(case: AttentionCase, chain: _Chain, block_n: int, kv_order: str):
+    """Yield :class:`_RowChunk` for every (b, h) and block of query rows."""
+    c = LOG2_E * case.softmax_scale
+    rows_per_chunk = max(1, _ROW_CHUNK_ELEMENTS // case.Sk)
+    for b in range(case.B):
+        for h in range(case.Hq):
+            k = case.k[b, :, case.kv_head(h), :].astype(np.float64)
+            for r0 in range(0, case.Sq, rows_per_chunk):
+                rows = slice(r0, min(r0 + rows_per_chunk, case.Sq))
+                seen = visible(case, b, h, rows)
+                k_seen = np.where(seen.any(axis=0)[:, None], k, 0)  # padding may hold NaN
+                q = case.q[b, rows, h, :].astype(np.float64)
+                q = np.where(seen.any(axis=1)[:, None], q, 0)  # padded query rows too
+                yield _weights(b, h, rows, seen, q, k_seen, c, chain, block_n, kv_order)
+
+
+def _weights(b, h, rows, seen, q, k, c, chain: _Chain, block_n: int, kv_order: str) -> _RowChunk:
+    """Float64 p, l, m of a row chunk and the per-key weights of the bound."""
+    s = q @ k.T
+    m = np.max(np.where(seen, s, -np.inf), axis=1, initial=-np.inf)
+    nonempty = m > -np.inf
+    m = np.where(nonempty, m, 0)[:, None]
+    t = np.where(seen, c * (s - m), 0)  # t_j = c (s_j - m) <= 0
+    p = np.where(seen, np.exp2(t), 0)
+    cm = np.abs(c * m) + chain.tau  # |c m| with a stale (thresholded) max
+    dt = c * gamma(q.shape[1], chain.u_qk) * (np.abs(q) @ np.abs(k).T)
+    dt += chain.u_s * (np.abs(t) + chain.tau + 2 * cm + c * np.abs(s))
+    per_rescale = chain.eps + chain.u_acc + 3 * LN_2 * chain.u_s * cm
+    with np.errstate(over="ignore", invalid="ignore"):
+        eta = np.expm1(LN_2 * dt + chain.eps + _rescales(seen, block_n, kv_order) * per_rescale)
+        w_common = np.where(seen, p * eta + chain.ftz, 0)
+    w_common = np.where(np.isnan(w_common), np.inf, w_common)  # p underflowed, eta overflowed
+    w_p = np.where(seen, chain.u_p * p + chain.half_sub_p, 0)
+    if chain.rounded_p_sum:  # row_sum adds the rounded P: its error cancels like a weight error
+        w_common, w_p = w_common + w_p, np.zeros_like(w_p)
+    return _RowChunk(
+        b=b,
+        h=h,
+        rows=rows,
+        seen=seen,
+        p=p,
+        l=p.sum(axis=1),
+        scaled_max=(m[:, 0] * c * LN_2),
+        w_common=w_common,
+        w_p=w_p,
+    )
+
+
+def _rescales(seen: np.ndarray, block_n: int, kv_order: str) -> np.ndarray:
+    """``[r, Sk]``: rescales by alpha that can follow each key's block (module docstring)."""
+    r, Sk = seen.shape
+    n_b = -(-Sk // block_n)
+    padded = np.zeros((r, n_b * block_n), dtype=bool)
+    padded[:, :Sk] = seen
+    blocks = padded.reshape(r, n_b, block_n).any(axis=2).astype(np.int64)
+    total = blocks.sum(axis=1, keepdims=True)
+    if kv_order == "forward":
+        after = total - np.cumsum(blocks, axis=1)
+    elif kv_order == "reverse":
+        after = np.cumsum(blocks, axis=1) - blocks
+    else:
+        after = np.broadcast_to(np.maximum(total - 1, 0), blocks.shape)
+    return np.repeat(after, block_n, axis=1)[:, :Sk]
+
+
+def _weighted_abs_dev(w: np.ndarray, v: np.ndarray, o: np.ndarray) -> np.ndarray:
+    """``[r, Dv]`` upper bound on ``sum_j w_ij |v_jc - o_ic|`` (w >= 0), in O(r Sk Dv) time.
+
+    ``|v - o| = 2 max(v, o) - v - o``, so one float32 ``maximum`` pass plus a matmul does it;
+    V and o are centred on V's column mean first. The float32 rounding of ``w``, ``v - mu``,
+    ``o - mu`` and of the sums is covered by ``4 gamma_{Sk+2}(2^-24) sum_j w_ij (|v'| + |o'|)``
+    plus ``2^-149 sum_j (|v'| + |o'|)`` for underflowing weights.
+    """
+    r, Sk = w.shape
+    mu = v.mean(axis=0)
+    vc, oc = v - mu, o - mu
+    abs_vc = np.abs(vc)
+    scale = max(float(abs_vc.max(initial=0)), float(np.abs(oc).max(initial=0)))
+    w_total = w.sum(axis=1, keepdims=True)
+    magnitude = w @ abs_vc + np.abs(oc) * w_total
+    if not (np.isfinite(magnitude).all() and scale * float(w.max(initial=0)) * Sk < 2.0**100):
+        return _abs_dev_exact(w, v, o)
+    vc32, oc32, w32 = vc.astype(np.float32), oc.astype(np.float32), w.astype(np.float32)
+    top = np.empty((r, v.shape[1]))
+    step = max(1, _ABSDEV_ELEMENTS // (Sk * v.shape[1]))
+    for i0 in range(0, r, step):
+        sub = slice(i0, min(i0 + step, r))
+        upper = np.maximum(vc32[None, :, :], oc32[sub, None, :])  # max(v', o')
+        top[sub] = np.matmul(w32[sub, None, :], upper)[:, 0, :]
+    value = 2 * top - w @ vc - oc * w_total
+    slack = 4 * gamma(Sk + 2, 2.0**-24) * magnitude
+    slack += 2.0**-149 * (abs_vc.sum(axis=0) + Sk * np.abs(oc))
+    return np.maximum(value, 0) + slack
+
+
+def _abs_dev_exact(w: np.ndarray, v: np.ndarray, o: np.ndarray) -> np.ndarray:
+    """Float64 ``sum_j w_ij |v_jc - o_ic|`` one row at a time, for extreme magnitudes."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = np.stack([w[i] @ np.abs(v - o[i]) for i in range(w.shape[0])])
+    return np.where(np.isnan(out), np.inf, out)
