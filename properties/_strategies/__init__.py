@@ -1,0 +1,1 @@
+"""Implementation modules of :mod:`properties.strategies` (import from there, not from here)."""

@@ -1,0 +1,63 @@
+"""Which shape classes x masks x score distributions x dtypes a test run actually generated.
+
+:func:`properties.strategies.attention_cases` calls :func:`record` for every case it builds
+(shrink attempts included, so counts are draws, not distinct tests). As a pytest plugin
+(``pytest_plugins = ["properties.coverage"]`` in conftest.py) this module prints the summary at
+the end of the run. Under pytest-xdist each worker counts its own draws and the controller sees
+none, so run without ``-n`` when you want the table.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from reference.case import AttentionCase
+
+AXES = ("shape", "mask", "dist", "dtype")
+_hits: Counter[tuple[str, ...]] = Counter()
+
+
+def coverage_key(case: AttentionCase) -> tuple[str, ...] | None:
+    """``(shape, mask, dist, dtype)`` read from a label written by ``attention_cases``."""
+    fields = dict(part.split("=", 1) for part in case.label.split() if "=" in part)
+    if not all(axis in fields for axis in AXES):
+        return None
+    return tuple(fields[axis] for axis in AXES)
+
+
+def record(case: AttentionCase) -> None:
+    """Count one generated case (cases without an ``attention_cases`` label are ignored)."""
+    key = coverage_key(case)
+    if key is not None:
+        _hits[key] += 1
+
+
+def hits() -> Counter[tuple[str, ...]]:
+    """A copy of the counts so far, keyed by ``(shape, mask, dist, dtype)``."""
+    return Counter(_hits)
+
+
+def summary(counts: Counter[tuple[str, ...]] | None = None) -> str:
+    """Per-axis tallies (value: draws) and the number of distinct combinations hit."""
+    counts = _hits if counts is None else counts
+    if not counts:
+        return "no attention_cases drawn"
+    lines = [
+        f"{len(counts)} distinct shape x mask x distribution x dtype combinations, "
+        f"{sum(counts.values())} draws"
+    ]
+    for index, axis in enumerate(AXES):
+        per_value: Counter[str] = Counter()
+        for key, n in counts.items():
+            per_value[key[index]] += n
+        values = ", ".join(f"{value} {n}" for value, n in sorted(per_value.items()))
+        lines.append(f"  {axis} ({len(per_value)}): {values}")
+    return "\n".join(lines)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _hits:
+        terminalreporter.write_sep("-", "attention case coverage")
+        terminalreporter.write_line(summary())

@@ -1,0 +1,210 @@
+"""Hypothesis strategies for attention cases: the public surface (style.md lesson 7).
+
+``attention_cases()`` draws a shape inside a kernel's declaration, a mask, a score
+distribution, a dtype and a seed, and builds exact q, k, v with NumPy. Every case carries a label
+``dist=<name> shape=<class> mask=<class> dtype=<dtype> tile_n=<n>`` that the coverage summary
+(:mod:`properties.coverage`) and failure reports read, and fires ``hypothesis.event`` for each
+part so ``--hypothesis-show-statistics`` shows what was hit.
+
+Example::
+
+    @given(attention_cases(spec=my_kernel.spec, max_len=300))
+    def test_kernel_matches_exact(case): ...
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Collection
+
+import numpy as np
+from hypothesis import event
+from hypothesis import strategies as st
+
+from kernel.spec import MASK_KINDS, KernelSpec
+from properties import coverage
+from properties._strategies.masks import mask_class, masks
+from properties._strategies.scores import (
+    DISTRIBUTIONS,
+    BuildContext,
+    Evidence,
+    ScoreDistribution,
+    scaled_scores,
+    score_distributions,
+)
+from properties._strategies.shapes import (
+    Shape,
+    attention_shapes,
+    head_counts,
+    length_class,
+    shape_class,
+    tile_aware_lengths,
+)
+from reference.case import INPUT_DTYPES, AttentionCase, CausalAlignment
+
+# The reference tiers as a "kernel": every dtype and mask, small head dims and tiles so CPU
+# runs see many blocks per row (tile_m != tile_n catches the two being swapped).
+REFERENCE_SPEC = KernelSpec(
+    name="reference",
+    dtypes=frozenset(INPUT_DTYPES),
+    head_dims=frozenset({1, 2, 4, 8, 16}),
+    head_dims_v=frozenset({1, 2, 4, 8, 16}),
+    mask_kinds=MASK_KINDS,
+    gqa=True,
+    tile_m=16,
+    tile_n=8,
+    max_seqlen=1 << 12,
+    device="cpu",
+)
+
+
+@st.composite
+def _attention_cases(
+    draw: st.DrawFn,
+    spec: KernelSpec,
+    kernel_alignment: CausalAlignment | None,
+    dtypes: tuple[str, ...],
+    max_len: int,
+    max_batch: int,
+    max_heads: int,
+    head_dims: frozenset[int] | None,
+    distributions: tuple[str, ...],
+    mask_kinds: frozenset[str],
+) -> AttentionCase:
+    shape = draw(
+        attention_shapes(
+            spec=spec,
+            max_len=max_len,
+            max_batch=max_batch,
+            max_heads=max_heads,
+            head_dims=head_dims,
+        )
+    )
+    dist = draw(score_distributions(names=distributions))
+    mask = draw(
+        masks(
+            shape=shape,
+            kinds=mask_kinds,
+            kernel_alignment=kernel_alignment,
+            tile_m=spec.tile_m,
+            tile_n=spec.tile_n,
+            key_padding=dist.needs_key_padding,
+        )
+    )
+    dtype = draw(st.sampled_from(dtypes))
+    softmax_scale = draw(st.sampled_from([None, 1.0, 0.125]))
+    noise = draw(st.sampled_from([0.0, 0.25, 1.0]))
+    seed = draw(st.integers(0, 2**32 - 1))
+    ctx = BuildContext(
+        rng=np.random.default_rng(seed),
+        shape=shape,
+        dtype=dtype,
+        mask=mask,
+        softmax_scale=softmax_scale or 1.0 / math.sqrt(shape.D),
+        tile_n=spec.tile_n,
+        noise=noise,
+    )
+    with np.errstate(all="ignore"):  # rounding huge/non-finite padding to 16 bits is intended
+        q, k, v = (a.astype(INPUT_DTYPES[dtype]) for a in dist.build(ctx))
+    case = AttentionCase(q, k, v, softmax_scale, mask)
+    parts = {
+        "dist": dist.name,
+        "shape": shape_class(shape, spec.tile_n),
+        "mask": mask_class(case),
+        "dtype": dtype,
+    }
+    for name, value in parts.items():
+        event(f"{name}: {value}")
+    label = " ".join(f"{name}={value}" for name, value in parts.items())
+    case = dataclasses.replace(case, label=f"{label} tile_n={spec.tile_n}")
+    coverage.record(case)
+    return case
+
+
+def attention_cases(
+    *,
+    spec: KernelSpec | None = None,
+    dtypes: Collection[str] | None = None,
+    max_len: int | None = None,
+    max_batch: int = 2,
+    max_heads: int = 4,
+    head_dims: Collection[int] | None = None,
+    distributions: Collection[str] | None = None,
+    mask_kinds: Collection[str] | None = None,
+) -> st.SearchStrategy[AttentionCase]:
+    """Attention cases inside ``spec`` (None = the reference tiers, :data:`REFERENCE_SPEC`).
+
+    * ``spec``: lengths cluster at ``k * spec.tile_m`` / ``k * spec.tile_n`` +- {0, 1}; dtypes,
+      head dims, mask kinds, GQA and alignment stay inside the declaration (the other causal
+      alignment only where both diagonals agree). With ``spec=None`` both alignments are free.
+    * ``dtypes``, ``head_dims``, ``mask_kinds``: subsets of the spec's (default: all of them).
+    * ``max_len``: longest Sq / Sk (default ``4 * spec.tile_n + 1``, at most ``spec.max_seqlen``);
+      ``max_batch``, ``max_heads``: at least 1.
+    * ``distributions``: names from :data:`DISTRIBUTIONS` (default: all that the mask kinds
+      allow; ``nonfinite_padding`` needs ``varlen``).
+
+    Bug classes: see each distribution's ``targets`` and :func:`masks`. Shrinks towards B=1,
+    Sq=Sk=1, one head, no mask, the ``gaussian`` distribution, the first dtype, seed 0.
+    """
+    if spec is not None and not isinstance(spec, KernelSpec):
+        raise ValueError(f"spec={spec!r} must be a KernelSpec or None")
+    kernel_alignment = None if spec is None else spec.causal_alignment
+    spec = spec or REFERENCE_SPEC
+    chosen_dtypes = tuple(sorted(spec.dtypes)) if dtypes is None else tuple(dtypes)
+    if not chosen_dtypes or not set(chosen_dtypes) <= spec.dtypes:
+        raise ValueError(
+            f"dtypes={list(chosen_dtypes)} must be a non-empty subset of spec.dtypes="
+            f"{sorted(spec.dtypes)}"
+        )
+    kinds = spec.mask_kinds if mask_kinds is None else frozenset(mask_kinds)
+    if not kinds <= spec.mask_kinds:
+        raise ValueError(
+            f"mask_kinds={sorted(kinds)} must be a subset of spec.mask_kinds="
+            f"{sorted(spec.mask_kinds)}"
+        )
+    max_len = min(4 * spec.tile_n + 1, spec.max_seqlen) if max_len is None else max_len
+    if distributions is None:
+        names = tuple(
+            n for n, d in DISTRIBUTIONS.items() if "varlen" in kinds or not d.needs_key_padding
+        )
+    else:
+        names = tuple(distributions)
+        score_distributions(names=names)  # validates the names
+        needy = [n for n in names if DISTRIBUTIONS[n].needs_key_padding]
+        if needy and "varlen" not in kinds:
+            raise ValueError(f"distributions={needy} need 'varlen' in mask_kinds={sorted(kinds)}")
+    attention_shapes(
+        spec=spec, max_len=max_len, max_batch=max_batch, max_heads=max_heads, head_dims=head_dims
+    )  # validates the shape options now rather than at the first draw
+    strategy = _attention_cases(
+        spec,
+        kernel_alignment,
+        chosen_dtypes,
+        max_len,
+        max_batch,
+        max_heads,
+        None if head_dims is None else frozenset(head_dims),
+        names,
+        kinds,
+    )
+    return strategy if kernel_alignment is None else strategy.filter(spec.supports)
+
+
+__all__ = [
+    "DISTRIBUTIONS",
+    "REFERENCE_SPEC",
+    "Evidence",
+    "ScoreDistribution",
+    "Shape",
+    "attention_cases",
+    "attention_shapes",
+    "head_counts",
+    "length_class",
+    "mask_class",
+    "masks",
+    "scaled_scores",
+    "score_distributions",
+    "shape_class",
+    "tile_aware_lengths",
+]
