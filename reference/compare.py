@@ -1,0 +1,312 @@
+"""Compare a tier's output with a reference: one engine, thin asserts (as numpy.testing).
+
+:func:`compare` computes every metric once into an :class:`ErrorReport`;
+:func:`assert_within_bound` only formats a failure from it (``__tracebackhide__``) and returns
+the report, like ``numpy.testing.assert_array_max_ulp``.
+
+Metrics over the *evaluated* elements (reference not NaN, ``ExactResult.rows`` and the optional
+``rows`` selection):
+
+* ``abs``: ``|actual - exact|`` with ``exact = o + o_lo`` (``o_lo`` only for an ExactResult).
+* ``rel``: ``abs / max(|exact|, tiny)``, ``tiny`` the smallest normal of the output dtype, so an
+  exact zero does not divide by zero.
+* ``ulp``: ``|actual - r| / ulp(r)``, ``r`` the exact value *correctly rounded* to the output
+  dtype (a double-double tie is resolved by the sign of ``o_lo``) and ``ulp(r)`` the spacing of
+  the output dtype in ``r``'s binade (the subnormal spacing below the normal range). A correctly
+  rounded kernel scores 0.
+* ``bound fraction``: ``abs / bound`` (0 / 0 = 0, x / 0 = inf).
+* mismatched: ``abs > bound``, or a non-finite actual where the reference is finite (a NaN
+  always mismatches, even with ``bound=None``).
+* LSE: ``|actual - reference|`` per row with ``-inf == -inf`` an error of 0 and any other
+  disagreement involving an infinity or NaN an error of inf.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+from reference.bounds import format_info
+from reference.case import AttentionResult
+from reference.precision import round_to
+
+OUTPUT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+@dataclass(frozen=True)
+class ErrorReport:
+    """Error metrics of one comparison (see the module docstring for definitions).
+
+    ``worst_*`` describe the element with the largest bound fraction (largest abs error when
+    there is no bound), index ``(b, i, h, c)`` into ``o [B, Sq, Hq, Dv]``; None when nothing was
+    evaluated. ``max_bound_fraction`` and ``worst_bound`` are None without a bound,
+    ``lse_max_abs`` is None when either side has no LSE.
+    """
+
+    output_dtype: str
+    max_abs: float
+    max_rel: float
+    max_ulp: float
+    p99_ulp: float
+    max_bound_fraction: float | None
+    worst_index: tuple[int, int, int, int] | None
+    worst_actual: float | None
+    worst_reference: float | None
+    worst_bound: float | None
+    worst_abs: float | None
+    worst_ulp: float | None
+    lse_max_abs: float | None
+    lse_mismatched: int
+    nonfinite: int
+    mismatched: int
+    total: int
+    passed: bool
+
+    def summary(self) -> str:
+        """One line: verdict, mismatches, worst element, ulps, LSE."""
+        verdict = "PASS" if self.passed else "FAIL"
+        pct = 100.0 * self.mismatched / self.total if self.total else 0.0
+        parts = [
+            f"{verdict} {self.mismatched}/{self.total} ({pct:.3g}%) mismatched",
+            f"max |err| {self.max_abs:.3g}, max rel {self.max_rel:.3g}",
+            f"max {self.max_ulp:.3g} ulp / p99 {self.p99_ulp:.3g} ulp ({self.output_dtype})",
+        ]
+        if self.max_bound_fraction is not None:
+            parts.append(f"max {self.max_bound_fraction:.3g} x bound")
+        if self.worst_index is not None:
+            parts.append(f"worst at (b,i,h,c)={self.worst_index}")
+        parts.append(f"non-finite {self.nonfinite}")
+        if self.lse_max_abs is not None:
+            parts.append(f"lse max |err| {self.lse_max_abs:.3g} ({self.lse_mismatched} mismatched)")
+        return "; ".join(parts)
+
+    def to_dict(self) -> dict:
+        """Plain Python values (floats may be inf/nan; ``json.dumps`` writes them as Infinity)."""
+        out = dataclasses.asdict(self)
+        if self.worst_index is not None:
+            out["worst_index"] = list(self.worst_index)
+        return out
+
+
+def compare(
+    actual: AttentionResult,
+    reference: AttentionResult,
+    *,
+    bound: np.ndarray | None,
+    output_dtype: str,
+    rows: np.ndarray | None = None,
+    lse_bound: np.ndarray | None = None,
+) -> ErrorReport:
+    """Metrics of ``actual`` against ``reference`` (an ``AttentionResult`` or an ``ExactResult``,
+    whose ``o_lo`` and ``rows`` are used). ``bound`` is ``[B, Sq, Hq, Dv]`` (e.g. from
+    :func:`reference.bounds.error_bound`), ``rows`` and ``lse_bound`` are ``[B, Hq, Sq]``.
+    """
+    if output_dtype not in OUTPUT_DTYPES:
+        raise ValueError(f"output_dtype={output_dtype!r} must be one of {OUTPUT_DTYPES}")
+    hi = np.asarray(reference.o, dtype=np.float64)
+    shape = hi.shape
+    a = _as_shape("actual.o", actual.o, shape)
+    lo = getattr(reference, "o_lo", None)
+    lo = np.zeros(shape) if lo is None else _as_shape("reference.o_lo", lo, shape)
+    row_mask = _row_mask(shape, rows, getattr(reference, "rows", None))
+    evaluated = ~np.isnan(hi) & row_mask.transpose(0, 2, 1)[..., None]
+    lo = np.where(np.isfinite(hi) & np.isfinite(lo), lo, 0)
+
+    err = _abs_error(a, hi, lo)
+    info = format_info(output_dtype)
+    rel = err / np.maximum(np.abs(hi), float(info.tiny))
+    rounded = correctly_rounded(hi, lo, output_dtype)
+    ulp = _abs_error(a, rounded, np.zeros(shape)) / ulp_of(rounded, output_dtype)
+    bad_value = ~np.isfinite(a) & np.isfinite(hi) | np.isnan(a)
+    if bound is None:
+        fraction, mismatch, score = None, bad_value, err
+    else:
+        bound = _as_shape("bound", bound, shape)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            fraction = np.where(err == 0, 0.0, err / bound)
+        fraction = np.where(np.isnan(fraction), np.inf, fraction)
+        mismatch, score = bad_value | (err > bound), fraction
+
+    total = int(evaluated.sum())
+    lse_max_abs, lse_mismatched = _lse_errors(actual, reference, row_mask, lse_bound)
+    if total == 0:
+        nothing = dict.fromkeys(("worst_index", "worst_actual", "worst_reference", "worst_bound"))
+        return ErrorReport(
+            output_dtype=output_dtype,
+            max_abs=0.0,
+            max_rel=0.0,
+            max_ulp=0.0,
+            p99_ulp=0.0,
+            max_bound_fraction=None if bound is None else 0.0,
+            **nothing,
+            worst_abs=None,
+            worst_ulp=None,
+            lse_max_abs=lse_max_abs,
+            lse_mismatched=lse_mismatched,
+            nonfinite=0,
+            mismatched=0,
+            total=0,
+            passed=lse_mismatched == 0,
+        )
+    flat = np.argmax(np.where(evaluated, score, -1.0))
+    worst = tuple(int(i) for i in np.unravel_index(flat, shape))
+    mismatched = int((mismatch & evaluated).sum())
+    return ErrorReport(
+        output_dtype=output_dtype,
+        max_abs=float(err[evaluated].max()),
+        max_rel=float(rel[evaluated].max()),
+        max_ulp=float(ulp[evaluated].max()),
+        p99_ulp=float(np.quantile(ulp[evaluated], 0.99, method="higher")),
+        max_bound_fraction=None if fraction is None else float(fraction[evaluated].max()),
+        worst_index=worst,
+        worst_actual=float(a[worst]),
+        worst_reference=float(hi[worst] + lo[worst]),
+        worst_bound=None if bound is None else float(bound[worst]),
+        worst_abs=float(err[worst]),
+        worst_ulp=float(ulp[worst]),
+        lse_max_abs=lse_max_abs,
+        lse_mismatched=lse_mismatched,
+        nonfinite=int((~np.isfinite(a) & evaluated).sum()),
+        mismatched=mismatched,
+        total=total,
+        passed=mismatched == 0 and lse_mismatched == 0,
+    )
+
+
+def assert_within_bound(
+    actual: AttentionResult,
+    reference: AttentionResult,
+    bound: np.ndarray,
+    *,
+    output_dtype: str,
+    reproducer: str = "",
+    rows: np.ndarray | None = None,
+    lse_bound: np.ndarray | None = None,
+    streaming: AttentionResult | None = None,
+) -> ErrorReport:
+    """Raise ``AssertionError`` unless every evaluated element is within ``bound`` (and every
+    LSE within ``lse_bound``); return the :class:`ErrorReport`. ``streaming`` (tier 2's result)
+    only adds its value at the worst element to the message, for triage.
+    """
+    __tracebackhide__ = True
+    report = compare(
+        actual, reference, bound=bound, output_dtype=output_dtype, rows=rows, lse_bound=lse_bound
+    )
+    if not report.passed:
+        raise AssertionError(failure_message(report, reproducer, streaming))
+    return report
+
+
+def failure_message(
+    report: ErrorReport, reproducer: str = "", streaming: AttentionResult | None = None
+) -> str:
+    """The multi-line explanation of a failed :class:`ErrorReport`."""
+    pct = 100.0 * report.mismatched / report.total if report.total else 0.0
+    lines = [
+        f"attention output outside the derived bound: {report.mismatched} / {report.total} "
+        f"elements ({pct:.3g}%) mismatched, output dtype {report.output_dtype}"
+    ]
+    if report.worst_index is not None:
+        fraction = report.max_bound_fraction
+        times = "" if fraction is None else f" = {fraction:.3g} x bound"
+        lines.append(
+            f"worst at (b, i, h, c) = {report.worst_index}: error "
+            f"{report.worst_abs:.3g}"
+            f" = {report.worst_ulp:.3g} ulp({report.output_dtype}){times}"
+        )
+        values = f"kernel {report.worst_actual!r} | reference {report.worst_reference!r}"
+        if report.worst_bound is not None:
+            values += f" | bound {report.worst_bound:.3g}"
+        if streaming is not None:
+            values += f" | streaming {float(np.asarray(streaming.o)[report.worst_index])!r}"
+        lines.append(values)
+    lines.append(report.summary())
+    if reproducer:
+        lines.append(f"reproduce: {reproducer}")
+    return "\n".join(lines)
+
+
+def correctly_rounded(hi: np.ndarray, lo: np.ndarray, dtype: str) -> np.ndarray:
+    """``hi + lo`` (a double-double, ``hi`` the nearest double) rounded to nearest in ``dtype``.
+
+    Rounding ``hi`` alone is correct unless ``hi`` is exactly a midpoint of ``dtype`` (every
+    midpoint of a narrower format is a double); then the sign of ``lo`` picks the side, and
+    ``lo == 0`` is a true tie (round half to even, as ``round_to`` does).
+    """
+    hi = np.asarray(hi, dtype=np.float64)
+    r = round_to(hi, dtype)
+    if dtype == "float64":
+        return r
+    native = np.dtype(format_info(dtype).dtype)
+    direction = np.where(hi > r, np.inf, -np.inf).astype(native)
+    with np.errstate(invalid="ignore", over="ignore"):
+        toward = np.nextafter(r.astype(native), direction).astype(np.float64)  # hi's other side
+        tie = np.isfinite(r) & (hi != r) & (2 * hi == r + toward)
+    return np.where(tie & (lo != 0) & (np.sign(lo) == np.sign(hi - r)), toward, r)
+
+
+def ulp_of(x: np.ndarray, dtype: str) -> np.ndarray:
+    """Spacing of ``dtype`` in the binade of each (representable) ``x``: ``2^(e - mantissa
+    bits)`` with ``e = max(floor(log2|x|), min exponent)``; the top binade's spacing for inf."""
+    info = format_info(dtype)
+    x = np.abs(np.asarray(x, dtype=np.float64))
+    _, exponent = np.frexp(np.where(np.isfinite(x), x, float(info.max)))
+    binade = np.where(x == 0, info.minexp, np.maximum(exponent - 1, info.minexp))
+    return np.ldexp(1.0, binade - info.nmant)
+
+
+def _abs_error(a: np.ndarray, hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
+    """``|a - (hi + lo)|``; equal infinities give 0, a NaN gives inf."""
+    with np.errstate(invalid="ignore"):
+        err = np.abs(np.where(a == hi, 0.0, a - hi) - lo)
+    return np.where(np.isnan(err), np.inf, err)
+
+
+def _as_shape(name: str, x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float64)
+    if x.shape != shape:
+        raise ValueError(f"{name} shape {x.shape} must equal reference.o's shape {shape}")
+    return x
+
+
+def _row_mask(shape: tuple[int, ...], *masks: np.ndarray | None) -> np.ndarray:
+    """AND of the given bool ``[B, Hq, Sq]`` row selections (all rows when none)."""
+    B, Sq, Hq, _ = shape
+    out = np.ones((B, Hq, Sq), dtype=bool)
+    for mask in masks:
+        if mask is None:
+            continue
+        mask = np.asarray(mask)
+        if mask.dtype != np.bool_ or mask.shape != (B, Hq, Sq):
+            raise ValueError(
+                f"rows must be a bool array of shape [B, Hq, Sq]={(B, Hq, Sq)}, "
+                f"got dtype={mask.dtype} shape={mask.shape}"
+            )
+        out &= mask
+    return out
+
+
+def _lse_errors(
+    actual: AttentionResult,
+    reference: AttentionResult,
+    row_mask: np.ndarray,
+    lse_bound: np.ndarray | None,
+) -> tuple[float | None, int]:
+    """(max |lse error|, mismatched rows) over evaluated rows; (None, 0) without two LSEs."""
+    if actual.lse is None or reference.lse is None:
+        return None, 0
+    ref = np.asarray(reference.lse, dtype=np.float64)
+    act = np.asarray(actual.lse, dtype=np.float64)
+    if act.shape != ref.shape or ref.shape != row_mask.shape:
+        raise ValueError(f"actual.lse shape {act.shape} must equal [B, Hq, Sq]={row_mask.shape}")
+    evaluated = row_mask & ~np.isnan(ref)
+    err = _abs_error(act, ref, np.zeros(ref.shape))
+    mismatch = (err > 0) & ~(np.isfinite(act) & np.isfinite(ref))
+    if lse_bound is not None:
+        if np.shape(lse_bound) != ref.shape:
+            raise ValueError(f"lse_bound shape {np.shape(lse_bound)} must be {ref.shape}")
+        mismatch |= err > lse_bound
+    max_abs = float(err[evaluated].max()) if evaluated.any() else 0.0
+    return max_abs, int((mismatch & evaluated).sum())
