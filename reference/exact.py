@@ -1,0 +1,404 @@
+"""Tier 1: certified multi-precision attention on all rows or a sample of rows.
+
+Every input is a dyadic rational (an fp16/bf16/fp32 value), so the scores ``q . k`` are computed
+exactly as integers. Only three steps are inexact, and each runs at ``prec_bits`` (default 128):
+
+1. ``p_j = exp(c (s_j - m))`` with ``c = softmax_scale`` and ``m`` the exact row maximum, evaluated
+   with mpmath's fixed-point exponential (``libelefun.exp_fixed``) into integers
+   ``P_j ~ p_j 2^F``, ``F = prec_bits``. The maximum's weight is exactly ``2^F``.
+2. ``O = (sum_j P_j v_j) / (sum_j P_j)``: numerator and row sum are exact integers; one mpmath
+   division rounds to ``prec_bits``. ``o`` is the nearest double and ``o_lo`` the double nearest
+   the remainder, so ``o + o_lo`` carries ~106 bits and can be rounded correctly to 16-bit dtypes.
+3. ``LSE = c m + ln(sum_j P_j 2^-F)`` (natural log), one mpmath log and one addition.
+
+Exact integer products run as float64 GEMMs on limbs: a matrix of integers is split into signed
+limbs narrow enough that every partial sum of a limb product stays below 2^53, so BLAS returns
+exact integers whatever its summation order; limb products are recombined in Python ints.
+
+Certified bound (per row, every column). Let ``n`` be the number of visible keys, ``u = 2^-F``,
+``P~_j = P_j u`` and ``L~ = sum P~_j >= 1`` (the maximum contributes exactly 1). Each weight obeys
+``|P~_j - p_j| <= delta = (EXP_FIXED_ERROR_BOUND + 2) u``: the exp argument is truncated to ``F``
+fractional bits (``|exp(x~) - exp(a)| <= |x~ - a| <= u`` since both are <= 0), ``exp_fixed`` is
+within ``EXP_FIXED_ERROR_BOUND`` units of ``u`` (checked in ``properties/test_exact.py``), and a
+weight below ``2^-(F+2)`` is set to 0 without evaluating exp. Because ``sum p_j (v_j - O) = 0``,
+
+    O~ - O = sum_j (P~_j - p_j) (v_j - O) / L~,   so   |O~ - O| <= n delta R / L~,
+
+with ``R`` the largest range ``max_j v_jc - min_j v_jc`` over columns (``O_c`` lies inside the
+range). To that add the division's rounding ``2^(1-prec_bits) |O|`` and the double-double's
+``2^-104 |O| + 2^-1074``. For the LSE, ``|ln L~ - ln L| <= n delta`` (both sums are >= 1), plus
+``2^(8-prec_bits) |ln L~|`` for mpmath's log (a generous allowance), the addition's
+``2^(1-prec_bits) |LSE|``, and half an ulp of the returned double. Bounds are evaluated in
+float64 and inflated by ``1 + 2^-30`` to cover their own rounding.
+
+Masked keys get ``p = 0`` exactly and their K/V entries are never read (padding may hold NaN).
+An empty row has ``O = 0``, ``LSE = -inf`` and bound 0.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import mpmath
+import numpy as np
+from mpmath.libmp import (
+    from_float,
+    from_man_exp,
+    mpf_add,
+    mpf_div,
+    mpf_log,
+    mpf_sub,
+    round_nearest,
+    to_float,
+)
+from mpmath.libmp.libelefun import exp_fixed, ln2_fixed
+
+from reference.case import AttentionCase, AttentionResult
+from reference.masks import visible
+
+#: Assumed bound on the error of ``exp_fixed(x, F)`` in units of ``2^-F`` for ``x <= 0``
+#: (mpmath's Taylor series plus squarings loses a few tens of units at most; the test samples it).
+EXP_FIXED_ERROR_BOUND = 64
+
+_EXACT_FLOAT64_BITS = 53  # integers below 2^53 are exact in float64
+_P_LIMB_BITS = 16  # weights P are split into uint16 limbs (a byte view of their little-endian form)
+_ROW_CHUNK = 64  # rows per GEMM batch: bounds memory at chunk * Sk * (prec_bits / 16) doubles
+_BOUND_SLACK = 1.0 + 2.0**-30  # covers float64 rounding in evaluating the bounds themselves
+
+
+@dataclass(frozen=True, eq=False)
+class ExactResult:
+    """Certified tier-1 result; NaN in ``o``/``lse`` where a row was not evaluated.
+
+    ``o + o_lo`` approximates the exact output within ``o_err_bound`` (per row, every column);
+    ``lse`` (natural log, -inf for empty rows) is within ``lse_err_bound``.
+    """
+
+    o: np.ndarray
+    o_lo: np.ndarray
+    lse: np.ndarray
+    o_err_bound: np.ndarray
+    lse_err_bound: np.ndarray
+    rows: np.ndarray
+    prec_bits: int
+
+    def as_result(self) -> AttentionResult:
+        """The (o, lse) pair as any tier returns it."""
+        return AttentionResult(o=self.o, lse=self.lse)
+
+
+def exact_attention(
+    case: AttentionCase, rows: np.ndarray | None = None, *, prec_bits: int = 128
+) -> ExactResult:
+    """Certified attention for the rows selected by ``rows`` (bool ``[B, Hq, Sq]``, None = all).
+
+    See the module docstring for the algorithm and the error bound.
+    """
+    if isinstance(prec_bits, bool) or not isinstance(prec_bits, int) or prec_bits < 64:
+        raise ValueError(f"prec_bits={prec_bits!r} must be an int >= 64")
+    rows = _check_rows(case, rows)
+    B, Sq, Hq, Dv = case.B, case.Sq, case.Hq, case.Dv
+    out = _Outputs(
+        o=np.full((B, Sq, Hq, Dv), np.nan),
+        o_lo=np.full((B, Sq, Hq, Dv), np.nan),
+        lse=np.full((B, Hq, Sq), np.nan),
+        o_err_bound=np.full((B, Hq, Sq), np.nan),
+        lse_err_bound=np.full((B, Hq, Sq), np.nan),
+    )
+    for b in range(B):
+        for kv_head in range(case.Hkv):
+            heads = [h for h in range(Hq) if case.kv_head(h) == kv_head]
+            _evaluate_group(case, b, kv_head, heads, rows, prec_bits, out)
+    return ExactResult(**vars(out), rows=rows, prec_bits=prec_bits)
+
+
+def sample_rows(case: AttentionCase, n: int, seed: int = 0) -> np.ndarray:
+    """Bool ``[B, Hq, Sq]`` with exactly ``min(n, B*Hq*Sq)`` rows set.
+
+    The first and the last row of the flattened ``[B, Hq, Sq]`` grid are always included (edge
+    rows are where causal and padding bugs show); the rest are drawn uniformly without
+    replacement with ``numpy.random.default_rng(seed)``. Padded and empty rows may be drawn.
+    """
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"n={n!r} must be an int >= 1 (number of rows to sample)")
+    total = case.B * case.Hq * case.Sq
+    chosen = np.zeros(total, dtype=bool)
+    chosen[[0, total - 1][: min(n, 2)]] = True
+    rest = np.flatnonzero(~chosen)
+    extra = min(int(n), total) - int(chosen.sum())
+    chosen[np.random.default_rng(seed).choice(rest, size=extra, replace=False)] = True
+    return chosen.reshape(case.B, case.Hq, case.Sq)
+
+
+def naive_exact_attention(
+    case: AttentionCase, rows: np.ndarray | None = None, *, dps: int = 100
+) -> AttentionResult:
+    """Independent, obviously correct mpmath loop (private context at ``dps`` digits).
+
+    For cross-checks on small shapes only (~0.1 rows/s at Sk=8192, d=128). NaN where a row was
+    not evaluated; empty rows give O = 0, LSE = -inf.
+    """
+    rows = _check_rows(case, rows)
+    ctx = mpmath.MPContext()
+    ctx.dps = dps
+    o = np.full((case.B, case.Sq, case.Hq, case.Dv), np.nan)
+    lse = np.full((case.B, case.Hq, case.Sq), np.nan)
+    scale = ctx.mpf(case.softmax_scale)
+    for b, h, i in zip(*np.nonzero(rows), strict=True):
+        keys = np.flatnonzero(visible(case, b, h, rows=np.array([i]))[0])
+        if keys.size == 0:
+            o[b, i, h], lse[b, h, i] = 0.0, -np.inf
+            continue
+        kvh = case.kv_head(h)
+        q = [ctx.mpf(float(x)) for x in case.q[b, i, h]]
+        s = [scale * ctx.fdot(q, [ctx.mpf(float(x)) for x in case.k[b, j, kvh]]) for j in keys]
+        m = max(s)
+        p = [ctx.exp(x - m) for x in s]
+        total = ctx.fsum(p)
+        for c in range(case.Dv):
+            num = ctx.fdot(p, [ctx.mpf(float(case.v[b, j, kvh, c])) for j in keys])
+            o[b, i, h, c] = float(num / total)
+        lse[b, h, i] = float(m + ctx.log(total))
+    return AttentionResult(o=o, lse=lse)
+
+
+@dataclass
+class _Outputs:
+    o: np.ndarray
+    o_lo: np.ndarray
+    lse: np.ndarray
+    o_err_bound: np.ndarray
+    lse_err_bound: np.ndarray
+
+
+def _check_rows(case: AttentionCase, rows: np.ndarray | None) -> np.ndarray:
+    shape = (case.B, case.Hq, case.Sq)
+    if rows is None:
+        return np.ones(shape, dtype=bool)
+    rows = np.asarray(rows)
+    if rows.dtype != np.bool_ or rows.shape != shape:
+        raise ValueError(
+            f"rows must be a bool array of shape [B, Hq, Sq]={shape}, "
+            f"got dtype={rows.dtype} shape={rows.shape}"
+        )
+    return rows.copy()
+
+
+@dataclass(frozen=True)
+class _IntMatrix:
+    """An integer matrix ``X 2^exponent`` held as signed float64 limbs of ``width`` bits."""
+
+    limbs: np.ndarray  # [count, rows, cols], X = sum_i limbs[i] 2^(width i)
+    width: int
+    exponent: int
+
+
+def _exponent_range(x: np.ndarray) -> tuple[int, int]:
+    """``(lo, hi)``: every value of ``x`` is an integer multiple of ``2^lo`` below ``2^hi``."""
+    x = np.abs(x[x != 0])
+    if x.size == 0:
+        return 0, 0
+    mant, exp = np.frexp(x)  # x = mant 2^exp, 0.5 <= mant < 1
+    digits = np.ldexp(mant, _EXACT_FLOAT64_BITS).astype(np.int64)
+    trailing = np.log2((digits & -digits).astype(np.float64)).astype(np.int64)
+    return int((exp - _EXACT_FLOAT64_BITS + trailing).min()), int(exp.max())
+
+
+def _to_limbs(x: np.ndarray, width: int, count: int) -> _IntMatrix:
+    """Split the dyadic float64 matrix ``x`` exactly into ``count`` signed ``width``-bit limbs."""
+    lo, _ = _exponent_range(x)
+    magnitude, sign = np.abs(x), np.sign(x)
+    limbs = np.empty((count, *x.shape))
+    for i in range(count):  # floor, ldexp and fmod by a power of two are all exact
+        limbs[i] = sign * np.fmod(np.floor(np.ldexp(magnitude, -lo - width * i)), 2.0**width)
+    return _IntMatrix(limbs, width, lo)
+
+
+def _bit_width(x: np.ndarray) -> int:
+    lo, hi = _exponent_range(x)
+    return max(hi - lo, 1)
+
+
+def _limb_budget(terms: int) -> int:
+    """Largest ``wa + wb`` such that a sum of ``terms`` products of a ``wa``-bit and a ``wb``-bit
+    limb stays below 2^53, so every partial sum is exact in float64 in any order."""
+    budget = _EXACT_FLOAT64_BITS - max(terms - 1, 1).bit_length()
+    if budget <= _P_LIMB_BITS:
+        raise ValueError(f"{terms} terms per dot product is too many for exact float64 limbs")
+    return budget
+
+
+def _plan_limbs(width_a: int, width_b: int, terms: int) -> tuple[int, int, int, int]:
+    """Limb widths and counts ``(wa, na, wb, nb)`` minimizing the GEMM count ``na * nb``."""
+    budget = _limb_budget(terms)
+    plans = []
+    for na in range(1, width_a + 1):
+        wa = -(-width_a // na)
+        if budget - wa >= 1:
+            nb = -(-width_b // (budget - wa))
+            plans.append((na * nb, wa, na, -(-width_b // nb), nb))
+        if wa == 1:
+            break
+    _, wa, na, wb, nb = min(plans)
+    return wa, na, wb, nb
+
+
+def _combine(products: np.ndarray, width_a: int, width_b: int) -> np.ndarray:
+    """Python-int array ``sum_ab products[a, :, b] 2^(width_a a + width_b b)``; products are
+    exact integer-valued float64 of shape ``[na, rows, nb, cols]``."""
+    total = np.zeros(products.shape[1:2] + products.shape[3:], dtype=object)
+    for a in range(products.shape[0]):
+        for b in range(products.shape[2]):
+            part = products[a, :, b].astype(np.int64).astype(object)
+            total += part << (width_a * a + width_b * b)
+    return total
+
+
+def dyadic_matmul(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, int]:
+    """Exact ``a @ b.T`` of float64 matrices holding dyadic values (e.g. fp16/bf16/fp32 inputs).
+
+    Returns ``(ints, exponent)``: an object array of Python ints with ``a @ b.T = ints *
+    2^exponent`` exactly. Runs as float64 GEMMs on limbs, each partial sum below 2^53.
+    """
+    wa, na, wb, nb = _plan_limbs(_bit_width(a), _bit_width(b), a.shape[1])
+    a_int, b_int = _to_limbs(a, wa, na), _to_limbs(b, wb, nb)
+    a_limbs = a_int.limbs.reshape(na * a.shape[0], a.shape[1])
+    b_limbs = b_int.limbs.reshape(nb * b.shape[0], b.shape[1])
+    products = (a_limbs @ b_limbs.T).reshape(na, a.shape[0], nb, b.shape[0])
+    return _combine(products, wa, wb), a_int.exponent + b_int.exponent
+
+
+def _evaluate_group(
+    case: AttentionCase,
+    b: int,
+    kv_head: int,
+    heads: list[int],
+    rows: np.ndarray,
+    prec_bits: int,
+    out: _Outputs,
+) -> None:
+    """All selected rows of batch ``b`` whose query heads read ``kv_head`` (K/V converted once)."""
+    selected = []  # (h, i, visible keys of the row)
+    for h in heads:
+        index = np.flatnonzero(rows[b, h])
+        if index.size == 0:
+            continue
+        seen = visible(case, b, h, rows=index)
+        for i, row_seen in zip(index, seen, strict=True):
+            if row_seen.any():
+                selected.append((h, int(i), row_seen))
+            else:
+                out.o[b, i, h], out.o_lo[b, i, h], out.lse[b, h, i] = 0.0, 0.0, -np.inf
+                out.o_err_bound[b, h, i] = out.lse_err_bound[b, h, i] = 0.0
+    if not selected:
+        return
+    cols = np.flatnonzero(np.any([seen for _, _, seen in selected], axis=0))
+    k = case.k[b, cols, kv_head].astype(np.float64)  # only keys some selected row sees
+    v = case.v[b, cols, kv_head].astype(np.float64)
+    v_width = _bit_width(v)
+    nv = -(-v_width // (_limb_budget(len(cols)) - _P_LIMB_BITS))
+    wv = -(-v_width // nv)
+    v_int = _to_limbs(v, wv, nv)
+    v_limbs = v_int.limbs.transpose(1, 0, 2).reshape(len(cols), nv * case.Dv)
+    for start in range(0, len(selected), _ROW_CHUNK):
+        chunk = selected[start : start + _ROW_CHUNK]
+        n = len(chunk)
+        q = np.stack([case.q[b, i, h] for h, i, _ in chunk]).astype(np.float64)
+        scores, score_exponent = dyadic_matmul(q, k)  # exact: q k^T = scores 2^score_exponent
+        weights = _Weights(case.softmax_scale, score_exponent, prec_bits)
+        masks = [seen[cols] for _, _, seen in chunk]
+        p_rows = [weights.row(scores[r], masks[r]) for r in range(n)]
+        p_limbs = weights.limbs(p_rows, len(cols))  # [nl, n, cols]
+        nl = p_limbs.shape[0]
+        pv = (p_limbs.reshape(nl * n, len(cols)) @ v_limbs).reshape(nl, n, nv, case.Dv)
+        numerators = _combine(pv, _P_LIMB_BITS, wv)  # exact: sum_j P_j v_j 2^(F - ev)
+        for r, (h, i, _) in enumerate(chunk):
+            _finish_row(
+                out, b, h, i, numerators[r], p_rows[r], v[masks[r]], v_int.exponent, weights
+            )
+
+
+class _Weights:
+    """Fixed-point softmax weights ``P_j = exp(c (s_j - m)) 2^F`` for one score exponent."""
+
+    def __init__(self, softmax_scale: float, score_exponent: int, prec_bits: int) -> None:
+        self.fraction_bits = prec_bits
+        self.scale_man, scale_exp = _dyadic(softmax_scale)
+        self.arg_shift = scale_exp + score_exponent + prec_bits  # a 2^F = -d 2^arg_shift
+        self.ln2 = ln2_fixed(prec_bits)
+        self.cutoff = (prec_bits + 2) * (self.ln2 + 1)  # -x > cutoff => p < 2^-(F+2): skip
+        self.score_exponent = score_exponent
+        self.scale_exp = scale_exp
+
+    def row(self, scores: np.ndarray, seen: np.ndarray) -> tuple[list[int], int]:
+        """(P for every column, 0 where masked; the exact row max as an integer score)."""
+        row_scores = scores[seen]
+        row_max = row_scores.max()
+        d = (row_max - row_scores) * self.scale_man
+        x = d << self.arg_shift if self.arg_shift >= 0 else d >> -self.arg_shift
+        one, F, ln2, cutoff = 1 << self.fraction_bits, self.fraction_bits, self.ln2, self.cutoff
+        p = [one if not xi else 0 if xi > cutoff else exp_fixed(-xi, F, ln2) for xi in x]
+        full = [0] * len(seen)
+        for j, pj in zip(np.flatnonzero(seen), p, strict=True):
+            full[j] = int(pj)
+        return full, row_max
+
+    def limbs(self, p_rows: list[tuple[list[int], int]], cols: int) -> np.ndarray:
+        """``[nl, rows, cols]`` float64 uint16 limbs of the weights (exact)."""
+        nbytes = 2 * -(-(self.fraction_bits + 1) // _P_LIMB_BITS)
+        blob = b"".join(pj.to_bytes(nbytes, "little") for p, _ in p_rows for pj in p)
+        limbs = np.frombuffer(blob, dtype="<u2").reshape(len(p_rows), cols, nbytes // 2)
+        return limbs.transpose(2, 0, 1).astype(np.float64)
+
+    def lse_shift(self, row_max: int) -> tuple:
+        """``c m`` as an exact mpf."""
+        return from_man_exp(self.scale_man * row_max, self.scale_exp + self.score_exponent)
+
+
+def _dyadic(x: float) -> tuple[int, int]:
+    """``(man, exp)`` with ``x = man 2^exp`` exactly."""
+    numerator, denominator = x.as_integer_ratio()
+    return numerator, 1 - denominator.bit_length()
+
+
+def _finish_row(
+    out: _Outputs,
+    b: int,
+    h: int,
+    i: int,
+    numerators: np.ndarray,
+    p_row: tuple[list[int], int],
+    v_seen: np.ndarray,
+    v_exponent: int,
+    weights: _Weights,
+) -> None:
+    """Divide, round to double-double, and certify one row (bounds in the module docstring)."""
+    p, row_max = p_row
+    prec, F = weights.fraction_bits, weights.fraction_bits
+    row_sum = sum(p)
+    l_mpf = from_man_exp(row_sum, -F)
+    worst = 0.0
+    for c, num in enumerate(numerators):
+        y = mpf_div(from_man_exp(int(num), v_exponent - F), l_mpf, prec, round_nearest)
+        hi = to_float(y, rnd=round_nearest)
+        lo = to_float(mpf_sub(y, from_float(hi), prec + 64, round_nearest), rnd=round_nearest)
+        out.o[b, i, h, c], out.o_lo[b, i, h, c] = hi, lo
+        worst = max(worst, abs(hi))
+    n = len(v_seen)
+    delta = (EXP_FIXED_ERROR_BOUND + 2) * 2.0**-F
+    spread = float((v_seen.max(axis=0) - v_seen.min(axis=0)).max())
+    l_float = math.ldexp(row_sum, -F)  # >= 1
+    o_bound = n * delta * spread / l_float + worst * (2.0 ** (1 - prec) + 2.0**-104) + 2.0**-1074
+    out.o_err_bound[b, h, i] = o_bound * _BOUND_SLACK
+    log_l = mpf_log(l_mpf, prec, round_nearest)
+    lse = mpf_add(weights.lse_shift(row_max), log_l, prec, round_nearest)
+    lse_float = to_float(lse, rnd=round_nearest)
+    lse_bound = (
+        n * delta
+        + abs(to_float(log_l)) * 2.0 ** (8 - prec)
+        + abs(lse_float) * (2.0 ** (1 - prec) + 2.0**-53)
+        + 2.0**-1074
+    )
+    out.lse[b, h, i] = lse_float
+    out.lse_err_bound[b, h, i] = lse_bound * _BOUND_SLACK
