@@ -1,5 +1,5 @@
-"""Properties of the streaming tier (reference/streaming.py): agreement with a dense float64
-softmax, block/order independence, the rescale trace, emulated precisions, empty rows, padding.
+"""Properties of the streaming tier (reference/streaming.py): agreement with the exact tier,
+block/order independence, the rescale trace, emulated precisions, empty rows, padding.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from reference.case import INPUT_DTYPES, AttentionCase, CausalAlignment, Mask
-from reference.masks import empty_rows, visible_all
+from reference.exact import exact_attention
+from reference.masks import empty_rows
 from reference.precision import StreamingPrecision, round_to
 from reference.streaming import RescaleTrace, streaming_attention
 
@@ -58,25 +59,11 @@ def small_cases(draw, *, dtypes=tuple(INPUT_DTYPES), masks: bool = True) -> Atte
 blocks = st.tuples(st.integers(1, 16), st.integers(1, 16))
 
 
-def dense_reference(case: AttentionCase) -> tuple[np.ndarray, np.ndarray]:
-    """Plain float64 softmax over the full score matrix (small shapes only): ``(o, lse)``."""
-    seen = visible_all(case)  # [B, Hq, Sq, Sk]
-    q, k, v = (np.nan_to_num(getattr(case, x).astype(np.float64)) for x in "qkv")
-    k, v = (np.repeat(x, case.group_size, axis=2) for x in (k, v))
-    s = np.einsum("bihd,bjhd->bhij", q, k) * case.softmax_scale
-    s = np.where(seen, s, -np.inf)
-    m = np.where(seen.any(-1), s.max(-1), 0)[..., None]
-    p = np.exp(s - m)
-    l = p.sum(-1)
-    o = np.einsum("bhij,bjhd->bihd", p / np.where(l > 0, l, 1)[..., None], v)
-    lse = np.where(l > 0, np.log(np.where(l > 0, l, 1)) + m[..., 0], -np.inf)
-    return o, lse
-
-
 def assert_matches_reference(result, case: AttentionCase, rel: float = 1e-12) -> None:
-    """O within ``rel * max|V|`` (O is a convex combination of V rows), LSE within
-    ``rel * max(1, |lse|)``, and the same empty rows (-inf) on both sides."""
-    o_ref, lse_ref = dense_reference(case)
+    """Agreement with the exact tier: O within ``rel * max|V|`` (O is a convex combination of V
+    rows), LSE within ``rel * max(1, |lse|)``, and the same empty rows (-inf) on both sides."""
+    exact = exact_attention(case)
+    o_ref, lse_ref = exact.o, exact.lse
     v_max = max(1.0, float(np.abs(np.nan_to_num(case.v.astype(np.float64))).max()))
     np.testing.assert_allclose(result.o, o_ref, rtol=0, atol=rel * v_max)
     assert np.array_equal(np.isneginf(result.lse), np.isneginf(lse_ref))
@@ -90,7 +77,7 @@ def assert_matches_reference(result, case: AttentionCase, rel: float = 1e-12) ->
 
 
 @given(small_cases(), blocks, st.booleans())
-def test_float64_matches_dense_softmax(case, block, reverse):
+def test_float64_matches_exact_tier(case, block, reverse):
     result = streaming_attention(case, block_m=block[0], block_n=block[1], reverse_kv_order=reverse)
     assert np.isfinite(result.o).all()
     assert_matches_reference(result, case)
