@@ -1,0 +1,7 @@
+"""``python -m report``: the same as the ``attention-report`` console script."""
+
+import sys
+
+from report.cli import main
+
+sys.exit(main())

@@ -1,0 +1,201 @@
+"""``attention-report`` / ``python -m report``: run a report, or diff two.
+
+attention-report                                  # CPU default: streaming-fa vs exact, ~1 min
+attention-report --kernel sdpa-flash --kernel flash-attn-cute --preset gpu-small --out DIR
+attention-report --kernel mypkg.fa:adapter --sample 50 --tier exact
+attention-report --config-file configs.toml
+attention-report diff old/report.json new/report.json   # exit 1 on regressions
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+# OpenBLAS' default threading makes small GEMMs ~750x slower on a 2-core VM (numerics.md 3.4);
+# set before numpy is imported by anything below.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+from report.configs import PRESETS, load_config_file, preset, sampled_configs, unique  # noqa: E402
+from report.runner import TIERS, RunOptions  # noqa: E402
+
+DEFAULT_OUT = "attention-report-out"
+
+
+def _run_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="attention-report",
+        description="Numerical-error report of attention kernels against the exact and streaming "
+        "tiers (JSON, Markdown, HTML). `attention-report diff OLD NEW` compares two reports.",
+    )
+    parser.add_argument(
+        "--kernel",
+        action="append",
+        default=[],
+        metavar="NAME_OR_PATH",
+        help="kernel under test: built-in name (--list-kernels) or package.module:attr; "
+        "repeatable (default: streaming-fa, the NumPy streaming tier as a CPU kernel)",
+    )
+    parser.add_argument(
+        "--tier",
+        action="append",
+        choices=TIERS,
+        default=[],
+        help="reference tier to compare against; repeatable (default: both)",
+    )
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument(
+        "--preset", choices=sorted(PRESETS), help="named config grid (default: default)"
+    )
+    source.add_argument(
+        "--sample",
+        type=int,
+        metavar="N",
+        help="N Hypothesis-sampled cases within the first kernel's spec",
+    )
+    source.add_argument(
+        "--config-file",
+        metavar="PATH",
+        help="JSON or TOML list of configs (report/configs.py: Config)",
+    )
+    parser.add_argument("--sample-seed", type=int, default=0, help="seed of --sample (default 0)")
+    parser.add_argument("--only", metavar="TEXT", help="keep configs whose name contains TEXT")
+    parser.add_argument(
+        "--rows", type=int, default=16, help="rows per case for the exact tier (default 16)"
+    )
+    parser.add_argument(
+        "--prec-bits", type=int, default=128, help="exact-tier precision (default 128)"
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=2,
+        help="kernel runs per case, >1 checks determinism (default 2)",
+    )
+    parser.add_argument(
+        "--out", default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})"
+    )
+    parser.add_argument(
+        "--fresh", action="store_true", help="discard finished records in --out instead of resuming"
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--strict", action="store_true", help="exit 1 when any record fails or errors"
+    )
+    parser.add_argument(
+        "--list-kernels", action="store_true", help="list built-in kernels and exit"
+    )
+    parser.add_argument(
+        "--list-presets", action="store_true", help="list presets with sizes and exit"
+    )
+    return parser
+
+
+def _diff_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="attention-report diff",
+        description="Compare two reports (report.json or records.jsonl); exit 1 on regressions.",
+    )
+    parser.add_argument("old")
+    parser.add_argument("new")
+    parser.add_argument(
+        "--rel-increase",
+        type=float,
+        default=0.5,
+        help="relative growth of error/bound that regresses (default 0.5)",
+    )
+    parser.add_argument(
+        "--min-increase",
+        type=float,
+        default=0.05,
+        help="absolute growth needed as well (default 0.05)",
+    )
+    parser.add_argument("--out", metavar="FILE", help="also write the Markdown diff here")
+    return parser
+
+
+def _configs(args: argparse.Namespace, kernels: list) -> list:
+    if args.config_file:
+        configs = load_config_file(args.config_file)
+    elif args.sample is not None:
+        configs = sampled_configs(args.sample, args.sample_seed, spec=kernels[0][1].spec)
+    else:
+        configs = preset(args.preset or "default")
+    if args.only:
+        configs = [c for c in configs if args.only in c.name]
+        if not configs:
+            raise ValueError(f"--only={args.only!r} matches no config name")
+    return unique(configs)
+
+
+def run_main(argv: Sequence[str]) -> int:
+    args = _run_parser().parse_args(argv)
+    from kernel.registry import BUILTIN, available
+
+    if args.list_kernels:
+        here = set(available())
+        for name, (path, _) in BUILTIN.items():
+            print(f"{name:18} {path:45} {'available' if name in here else 'package missing'}")
+        return 0
+    if args.list_presets:
+        for name in PRESETS:
+            print(f"{name:10} {len(preset(name)):4} configs")
+        return 0
+    from report.session import resolve_kernels, run_report
+
+    options = RunOptions(
+        tiers=tuple(args.tier) or TIERS,
+        rows=args.rows,
+        prec_bits=args.prec_bits,
+        repeats=args.repeats,
+    )
+    kernels = resolve_kernels(args.kernel or ["streaming-fa"])
+    configs = _configs(args, kernels)
+    if args.fresh:
+        for name in ("records.jsonl", "report.json", "report.md", "report.html"):
+            (Path(args.out) / name).unlink(missing_ok=True)
+    report = run_report(
+        configs,
+        kernels,
+        options,
+        args.out,
+        progress=not args.no_progress,
+        command=["attention-report", *argv],
+    )
+    verdicts = report["summary"]["verdicts"]
+    print(
+        f"attention-report: {report['summary']['records']} records {verdicts} in "
+        f"{report['elapsed_s']:.1f} s -> {args.out}/report.{{json,md,html}}"
+    )
+    return 1 if args.strict and (verdicts.get("fail") or verdicts.get("error")) else 0
+
+
+def diff_main(argv: Sequence[str]) -> int:
+    from report.diff import diff_records, load_records, render_diff
+
+    args = _diff_parser().parse_args(argv)
+    rows = diff_records(
+        load_records(args.old),
+        load_records(args.new),
+        rel_increase=args.rel_increase,
+        min_increase=args.min_increase,
+    )
+    text = render_diff(rows, args.old, args.new)
+    print(text, end="")
+    if args.out:
+        Path(args.out).write_text(text)
+    return 1 if any(r["change"] == "regression" for r in rows) else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv[:1] == ["diff"]:
+            return diff_main(argv[1:])
+        return run_main(argv[1:] if argv[:1] == ["run"] else argv)
+    except ValueError as error:
+        print(f"attention-report: error: {error}", file=sys.stderr)
+        return 2

@@ -1,0 +1,317 @@
+"""Report configurations: one frozen value per attention problem, built into a case on demand.
+
+A :class:`Config` names everything that fixes an :class:`~reference.case.AttentionCase`
+(dtype, shapes, mask kind, score distribution, seed), so the same config always builds the same
+inputs: a report can be resumed, diffed against an older one, and any row replayed. Three sources
+of configs: named preset grids (:data:`PRESETS`), a JSON/TOML file (:func:`load_config_file`),
+and a Hypothesis-sampled set drawn from ``properties.strategies.attention_cases``
+(:func:`sampled_configs`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+import math
+import tomllib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from properties.strategies import DISTRIBUTIONS, BuildContext, Shape
+from reference.case import INPUT_DTYPES, AttentionCase, CausalAlignment, Mask
+
+MASK_KINDS = ("none", "causal", "causal-top-left", "window", "varlen", "varlen-causal")
+
+
+@dataclass(frozen=True)
+class Config:
+    """One attention problem of a report, by recipe rather than by arrays.
+
+    * ``dtype``: input dtype name; ``D`` head dim (Dv = D); ``Sq``/``Sk`` padded lengths;
+      ``B``, ``Hq``, ``Hkv`` batch and heads (Hq a multiple of Hkv: GQA when larger).
+    * ``mask``: one of :data:`MASK_KINDS`. ``window`` is a causal band of width ``Sk // 4``
+      (bottom-right diagonal); ``varlen*`` gives batch b valid lengths shrinking with b.
+    * ``distribution``: a score distribution of ``properties.strategies`` (its builder makes
+      the inputs); ``tile_n`` the K block its patterns align to (e.g. ``ramp``: a new max in
+      every block); ``noise`` the scale of the non-pattern key coordinates.
+    * ``seed``: the NumPy seed the inputs are drawn from.
+    * ``name``: unique within a report; derived from the fields when left empty.
+    """
+
+    dtype: str
+    D: int
+    Sq: int
+    Sk: int
+    B: int = 1
+    Hq: int = 2
+    Hkv: int = 1
+    mask: str = "none"
+    distribution: str = "gaussian"
+    tile_n: int = 128
+    noise: float = 0.0
+    seed: int = 0
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if self.dtype not in INPUT_DTYPES:
+            raise ValueError(f"config.dtype={self.dtype!r} must be one of {sorted(INPUT_DTYPES)}")
+        for key in ("D", "Sq", "Sk", "B", "Hq", "Hkv", "tile_n"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"config.{key}={value!r} must be an int >= 1")
+        if self.Hq % self.Hkv:
+            raise ValueError(f"config.Hq={self.Hq} must be a multiple of Hkv={self.Hkv}")
+        if self.mask not in MASK_KINDS:
+            raise ValueError(f"config.mask={self.mask!r} must be one of {list(MASK_KINDS)}")
+        if self.distribution not in DISTRIBUTIONS:
+            raise ValueError(
+                f"config.distribution={self.distribution!r} must be one of {distribution_names()}"
+            )
+        if DISTRIBUTIONS[self.distribution].needs_key_padding and not self.mask.startswith(
+            "varlen"
+        ):
+            raise ValueError(f"config.distribution={self.distribution!r} needs a varlen mask")
+        if not (isinstance(self.noise, (int, float)) and self.noise >= 0):
+            raise ValueError(f"config.noise={self.noise!r} must be a number >= 0")
+        if not self.name:
+            short = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}[self.dtype]
+            name = f"{short}-d{self.D}-q{self.Sq}-k{self.Sk}-{self.mask}-{self.distribution}"
+            object.__setattr__(self, "name", name if self.seed == 0 else f"{name}-s{self.seed}")
+
+    def fields(self) -> dict:
+        """The recipe as plain JSON values (what the report records and config files hold)."""
+        return dataclasses.asdict(self)
+
+    @property
+    def digest(self) -> str:
+        """Short hash of the recipe: a resumed run only reuses records with the same digest."""
+        text = json.dumps(self.fields(), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def build(self) -> AttentionCase:
+        """The case this recipe describes (deterministic in the fields)."""
+        recipe = {key: value for key, value in self.fields().items() if key != "name"}
+        rng = np.random.default_rng([self.seed, _stable_int(json.dumps(recipe, sort_keys=True))])
+        mask = _mask(self)
+        context = BuildContext(
+            rng=rng,
+            shape=Shape(self.B, self.Sq, self.Sk, self.Hq, self.Hkv, self.D, self.D),
+            dtype=self.dtype,
+            mask=mask,
+            softmax_scale=1.0 / math.sqrt(self.D),
+            tile_n=self.tile_n,
+            noise=self.noise,
+        )
+        with np.errstate(all="ignore"):  # huge or non-finite values in padding are intended
+            q, k, v = (
+                a.astype(INPUT_DTYPES[self.dtype])
+                for a in DISTRIBUTIONS[self.distribution].build(context)
+            )
+        return AttentionCase(q, k, v, mask=mask, label=f"report:{self.name}")
+
+
+@dataclass(frozen=True, eq=False)
+class SampledConfig:
+    """A config drawn by Hypothesis: it carries its case, since no recipe reproduces it
+    outside Hypothesis. ``fields()`` records the shapes so plots can place it."""
+
+    name: str
+    case: AttentionCase = field(repr=False)
+    distribution: str = "sampled"
+
+    def fields(self) -> dict:
+        case = self.case
+        return {
+            "name": self.name,
+            "dtype": case.dtype,
+            "D": case.D,
+            "Sq": case.Sq,
+            "Sk": case.Sk,
+            "B": case.B,
+            "Hq": case.Hq,
+            "Hkv": case.Hkv,
+            "mask": "+".join(sorted(case.mask.kinds)) or "none",
+            "distribution": _label_part(case.label, "dist") or self.distribution,
+            "seed": None,
+        }
+
+    @property
+    def digest(self) -> str:
+        hasher = hashlib.sha256()
+        for array in (self.case.q, self.case.k, self.case.v):
+            hasher.update(np.ascontiguousarray(array).tobytes())
+        hasher.update(self.case.describe().encode())
+        return hasher.hexdigest()[:16]
+
+    def build(self) -> AttentionCase:
+        return self.case
+
+
+def _label_part(label: str, part: str) -> str | None:
+    """``value`` of ``part=value`` in a strategies label (``dist=ramp shape=... ``)."""
+    for item in label.split():
+        name, _, value = item.partition("=")
+        if name == part:
+            return value
+    return None
+
+
+def _stable_int(text: str) -> int:
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
+
+
+def _mask(config: Config) -> Mask:
+    kind = config.mask
+    if kind == "none":
+        return Mask()
+    if kind == "causal":
+        return Mask(causal=True)
+    if kind == "causal-top-left":
+        return Mask(causal=True, alignment=CausalAlignment.TOP_LEFT)
+    if kind == "window":
+        return Mask(causal=True, window_left=max(1, config.Sk // 4), window_right=0)
+    # varlen: batch b keeps a shrinking prefix; with B > 1 the last batch has no keys at all
+    # (every row empty: O = 0, LSE = -inf) and half its queries.
+    last = max(1, config.B - 1)
+    q_lengths = tuple(config.Sq - (b * config.Sq) // (2 * last) for b in range(config.B))
+    k_lengths = tuple(config.Sk - (b * config.Sk) // last for b in range(config.B))
+    return Mask(causal=kind == "varlen-causal", q_lengths=q_lengths, k_lengths=k_lengths)
+
+
+def distribution_names() -> list[str]:
+    """Score distributions a config may name: those of ``properties.strategies``."""
+    return list(DISTRIBUTIONS)
+
+
+def grid(
+    *,
+    dtypes: Iterable[str],
+    head_dims: Iterable[int],
+    lengths: Iterable[tuple[int, int]],
+    masks: Iterable[str],
+    distributions: Iterable[str],
+    heads: tuple[int, int] = (2, 1),
+    full: bool = False,
+) -> list[Config]:
+    """Configs over dtype x mask x distribution; head dims and (Sq, Sk) pairs either form a full
+    product with them (``full``) or rotate through it, so every value appears without the
+    product's size. varlen masks get B = 3 (one batch empty), others B = 1."""
+    head_dims, lengths = list(head_dims), list(lengths)
+    combos = list(itertools.product(dtypes, masks, distributions))
+    shapes = list(itertools.product(head_dims, lengths))
+    configs = []
+    for index, (dtype, mask, dist) in enumerate(combos):
+        chosen = shapes if full else [shapes[(index * 7) % len(shapes)]]
+        for D, (Sq, Sk) in chosen:
+            B = 3 if mask.startswith("varlen") else 1
+            Hq, Hkv = heads
+            configs.append(Config(dtype, D, Sq, Sk, B, Hq, Hkv, mask, dist))
+    return configs
+
+
+_CPU_DISTS = ("gaussian", "ramp", "near_ties", "large_v", "last_block_spike", "subnormal_p")
+_GPU_MASKS = ("none", "causal", "window", "varlen")
+
+PRESETS: dict[str, Callable[[], list[Config]]] = {
+    # Smoke test: two tiny configs (tests and a first look).
+    "tiny": lambda: grid(
+        dtypes=["bfloat16"],
+        head_dims=[64],
+        lengths=[(33, 70)],
+        masks=["none", "causal"],
+        distributions=["gaussian"],
+    ),
+    # CPU default: ~1 minute on 2 cores with the NumPy streaming tier as the kernel.
+    "default": lambda: grid(
+        dtypes=["bfloat16", "float16"],
+        head_dims=[64, 128],
+        lengths=[(128, 128), (100, 300), (1, 257), (200, 129), (64, 512)],
+        masks=["none", "causal", "window", "varlen"],
+        distributions=_CPU_DISTS,
+    ),
+    "gpu-small": lambda: grid(
+        dtypes=["bfloat16", "float16"],
+        head_dims=[64, 128],
+        lengths=[(128, 128), (1, 1000), (255, 1025), (512, 2048)],
+        masks=_GPU_MASKS,
+        distributions=_CPU_DISTS,
+        heads=(4, 2),
+    ),
+    "gpu-large": lambda: grid(
+        dtypes=["bfloat16", "float16"],
+        head_dims=[64, 128],
+        lengths=[(1, 8192), (1024, 4097), (2048, 8192), (4096, 4096)],
+        masks=_GPU_MASKS,
+        distributions=_CPU_DISTS,
+        heads=(8, 2),
+    ),
+}
+
+
+def preset(name: str) -> list[Config]:
+    if name not in PRESETS:
+        raise ValueError(f"preset={name!r} must be one of {sorted(PRESETS)}")
+    return PRESETS[name]()
+
+
+def load_config_file(path: str | Path) -> list[Config]:
+    """Configs from JSON (a list of objects, or ``{"config": [...]}``) or TOML (``[[config]]``
+    tables). Keys are :class:`Config` fields; missing ones take their defaults."""
+    path = Path(path)
+    text = path.read_text()
+    data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    entries = data.get("config") if isinstance(data, dict) else data
+    if not isinstance(entries, list) or not entries:
+        raise ValueError(f"config file {path} must hold a non-empty list of configs")
+    known = {f.name for f in dataclasses.fields(Config)}
+    configs = []
+    for index, entry in enumerate(entries):
+        unknown = set(entry) - known if isinstance(entry, dict) else {"<not an object>"}
+        if unknown:
+            raise ValueError(f"{path} config #{index}: unknown keys {sorted(unknown)}")
+        configs.append(Config(**entry))
+    return unique(configs)
+
+
+def sampled_configs(count: int, seed: int = 0, spec=None) -> list[SampledConfig]:
+    """``count`` cases drawn by ``properties.strategies.attention_cases(spec=spec)``, repeatable
+    for a given ``seed`` (Hypothesis derandomized on that seed, no example database)."""
+    if count < 1:
+        raise ValueError(f"sample count={count!r} must be >= 1")
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import seed as hypothesis_seed
+
+    from properties.strategies import attention_cases
+
+    drawn: list[AttentionCase] = []
+
+    @hypothesis_seed(seed)
+    @settings(
+        max_examples=count,
+        database=None,
+        phases=[Phase.generate],
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(attention_cases(spec=spec))
+    def collect(case: AttentionCase) -> None:
+        if len(drawn) < count:
+            drawn.append(case)
+
+    collect()
+    return [SampledConfig(f"sampled-{seed}-{i:03d}", case) for i, case in enumerate(drawn)]
+
+
+def unique(configs: list) -> list:
+    """``configs`` unchanged, or ValueError naming a duplicated config name."""
+    seen: set[str] = set()
+    for config in configs:
+        if config.name in seen:
+            raise ValueError(f"config name {config.name!r} appears twice; names must be unique")
+        seen.add(config.name)
+    return configs

@@ -1,0 +1,93 @@
+"""A self-contained HTML page: the summary table plus the figures as inline base64 PNGs.
+
+Importing this module imports matplotlib; :mod:`report.session` catches the ImportError and
+writes JSON and Markdown only. Every figure is an ``<img class="plot">``, so
+scripts/check_html_render.py can count the images a browser actually decoded.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+
+from report import plots
+from report.markdown import COLUMNS, LEGEND, header_lines, row_cells
+
+_STYLE = """
+body { font-family: sans-serif; margin: 1.5em; color: #222; }
+table { border-collapse: collapse; font-size: 12px; }
+th, td { border: 1px solid #ccc; padding: 2px 6px; text-align: right; white-space: nowrap; }
+td:nth-child(-n+2) { text-align: left; }
+tr.pass td:nth-child(3) { background: #d9f2d9; }
+tr.fail td:nth-child(3), tr.error td:nth-child(3) { background: #f7c6c6; font-weight: bold; }
+tr.unsupported td { color: #888; }
+img.plot { max-width: 100%; border: 1px solid #eee; margin: 0.5em 0; }
+p.note { font-size: 12px; max-width: 60em; }
+"""
+
+
+def _figure(title: str, png: bytes, caption: str) -> str:
+    data = base64.b64encode(png).decode("ascii")
+    return (
+        f"<h2>{html.escape(title)}</h2><p class='note'>{html.escape(caption)}</p>"
+        f"<img class='plot' alt='{html.escape(title)}' src='data:image/png;base64,{data}'>"
+    )
+
+
+def figures(records: list[dict]) -> list[str]:
+    """The page's figure sections, in reading order."""
+    if not any(r["status"] == "ok" for r in records):
+        return ["<p>No kernel produced output: nothing to plot.</p>"]
+    sections = [
+        _figure(
+            "Error histogram per configuration",
+            plots.histograms(records),
+            "log10(|error| / bound) per element against the exact tier on its sampled rows (or "
+            "the float64 result on all rows without it). Left: every configuration, worst on "
+            "top, colour = share of its elements per bin; right: the worst configurations' "
+            "histograms. Red line: the bound.",
+        ),
+        _figure(
+            "Error vs Sk and vs score distribution",
+            plots.error_vs_sk_and_distribution(records),
+            "Max |error| / bound per configuration; red line: the bound.",
+        ),
+        _figure(
+            "Error-to-bound over query rows",
+            plots.row_heatmap(records),
+            "Max |error| / bound per row bin against the float64 streaming result (all rows).",
+        ),
+    ]
+    comparison = plots.kernel_comparison(records)
+    if comparison is not None:
+        sections.append(
+            _figure(
+                "Kernel vs kernel",
+                comparison,
+                "Max |error| / bound of each kernel against the first kernel, per configuration.",
+            )
+        )
+    return sections
+
+
+def render_html(report: dict) -> str:
+    records = report["records"]
+    header = "".join(f"<li>{html.escape(line)}</li>" for line in header_lines(report))
+    head_row = "".join(f"<th>{html.escape(c)}</th>" for c in COLUMNS)
+    body = "".join(
+        f"<tr class='{r['verdict']}'>"
+        + "".join(f"<td>{html.escape(c)}</td>" for c in row_cells(r))
+        + "</tr>"
+        for r in records
+    )
+    return (
+        "<!DOCTYPE html><html><head><meta charset='utf-8'>"
+        "<title>Attention kernel error report</title>"
+        f"<style>{_STYLE}</style></head><body>"
+        "<h1>Attention kernel error report</h1>"
+        f"<ul>{header}</ul>"
+        + "".join(figures(records))
+        + f"<h2>Results</h2><table><thead><tr>{head_row}</tr></thead><tbody>{body}</tbody></table>"
+        f"<p class='note'>{html.escape(LEGEND)}</p>"
+        "</body></html>"
+    )

@@ -1,0 +1,109 @@
+"""Markdown summary of a report: header (machine, options, verdicts) and one table row per
+(config, kernel), with the three tier pairs' error-to-bound fractions side by side for triage."""
+
+from __future__ import annotations
+
+PAIR_SHORT = {
+    "kernel_vs_exact": "k/e",
+    "kernel_vs_streaming": "k/s",
+    "streaming_vs_exact": "s/e",
+}
+
+COLUMNS = (
+    "config",
+    "kernel",
+    "verdict",
+    "max abs",
+    "max rel",
+    "max ulp",
+    "p99 ulp",
+    "err/bound",
+    "worst (row, col)",
+    "row max",
+    "rescales",
+    "LSE err",
+    "non-finite",
+    "determ.",
+    "triage k/e · k/s · s/e",
+)
+
+LEGEND = """\
+Columns refer to the primary pair (kernel vs exact; kernel vs streaming when the exact tier was
+not run). Ulps are units of the output dtype at the correctly rounded exact value; err/bound is
+the largest |error| / derived bound (shared/notes/numerics.md 4.2), <= 1 passes. The worst
+element's row is described by its largest scaled score (row max) and the running-max rescales
+the streaming tier made on it with the kernel's tile size. Triage: kernel off from both
+references -> kernel bug; streaming off from exact -> algorithm or precision chain; all within
+-> the error is what the precision chain costs. k/s uses twice the bound (both sides err)."""
+
+
+def fmt(value, digits: int = 3) -> str:
+    """Compact number: 3 significant digits, ints as is, "-" for missing."""
+    if value is None:
+        return "-"
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return str(value)
+    return f"{value:.{digits}g}"
+
+
+def row_cells(record: dict) -> list[str]:
+    """The table cells of one record (shared by the Markdown and HTML tables)."""
+    config, kernel = record["config"]["name"], record["kernel"]["name"]
+    if record["status"] != "ok":
+        message = (record.get("message") or "").replace("|", "/").replace("\n", " ")
+        return [config, kernel, record["verdict"], message[:120]] + [""] * (len(COLUMNS) - 4)
+    pair = record["pairs"][record["primary_pair"]]
+    worst = record.get("worst") or {}
+    det = record["determinism"]
+    determ = "-" if not det["checked"] else ("bitwise" if det["bitwise_equal"] else "DIFFERS")
+    triage = " · ".join(
+        fmt(record["pairs"][p]["max_bound_fraction"], 2) if p in record["pairs"] else "-"
+        for p in PAIR_SHORT
+    )
+    worst_at = f"({worst['row']}, {worst['col']})" if worst else "-"
+    return [
+        config,
+        kernel,
+        record["verdict"].upper() if record["verdict"] == "fail" else record["verdict"],
+        fmt(pair["max_abs"]),
+        fmt(pair["max_rel"]),
+        fmt(pair["max_ulp"]),
+        fmt(pair["p99_ulp"]),
+        fmt(pair["max_bound_fraction"]),
+        worst_at,
+        fmt(worst.get("row_max")),
+        fmt(worst.get("rescales")),
+        fmt(pair.get("lse_max_abs")),
+        fmt(pair["nonfinite"]),
+        determ,
+        triage,
+    ]
+
+
+def header_lines(report: dict) -> list[str]:
+    """Provenance and totals, one fact per line."""
+    machine, options = report["machine"], report["options"]
+    gpu = f", GPU {machine['gpu']} (torch {machine['torch']})" if machine.get("gpu") else ""
+    verdicts = ", ".join(f"{n} {v}" for v, n in sorted(report["summary"]["verdicts"].items()))
+    return [
+        f"Created {report['created']} on {machine['platform']}, {machine['cpu_count']} CPUs{gpu}; "
+        f"Python {machine['python']}, numpy {machine['numpy']}, mpmath {machine.get('mpmath')}.",
+        f"Kernels: {', '.join(report['kernels'])}. Tiers: {', '.join(options['tiers'])}; "
+        f"exact tier on {options['rows']} sampled rows per case at {options['prec_bits']} bits; "
+        f"{options['repeats']} kernel runs per case.",
+        f"Records: {report['summary']['records']} ({verdicts}); "
+        f"this run took {report['elapsed_s']:.1f} s ({report.get('resumed_records', 0)} resumed).",
+    ]
+
+
+def render_markdown(report: dict) -> str:
+    lines = ["# Attention kernel error report", ""]
+    lines += [f"- {line}" for line in header_lines(report)]
+    lines += ["", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(row_cells(r)) + " |" for r in report["records"]]
+    lines += ["", LEGEND, ""]
+    return "\n".join(lines)

@@ -1,0 +1,183 @@
+"""The report's figures (matplotlib, Agg backend), each returned as PNG bytes.
+
+All figures plot error as a fraction of the derived bound on a log10 axis: 1 (log10 = 0) is the
+bound, so anything right of / above the red line fails. Exact zeros are drawn at the axis floor.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from report.runner import as_float  # noqa: E402
+
+FLOOR = 1e-8  # plotted value for an exact zero error
+WORST_PANELS = 8
+PROFILE_COLUMNS = 64
+
+
+def _png(figure) -> bytes:
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=90, bbox_inches="tight")
+    plt.close(figure)
+    return buffer.getvalue()
+
+
+def _ok(records: list[dict]) -> list[dict]:
+    return [r for r in records if r["status"] == "ok"]
+
+
+def _fraction(record: dict) -> float:
+    value = as_float(record["pairs"][record["primary_pair"]]["max_bound_fraction"])
+    return FLOOR if value == 0 else (1e3 if not math.isfinite(value) else max(value, FLOOR))
+
+
+def _kernels(records: list[dict]) -> list[str]:
+    return list(dict.fromkeys(r["kernel"]["name"] for r in records))
+
+
+def histograms(records: list[dict]) -> bytes:
+    """Per-config histograms of log10(error/bound) per element: all configs as one heat strip
+    each (left, share of the config's elements per bin), and step plots of the worst
+    ``WORST_PANELS`` configs (right), one line per kernel. One axes per config would cost
+    matplotlib ~0.3 s each, too slow for a one-minute report."""
+    records = _ok(records)
+    records = sorted(records, key=lambda r: -_fraction(r))
+    edges = np.array(records[0]["histogram"]["edges_log10"])
+    shares = np.array([_shares(r) for r in records])
+    figure = plt.figure(figsize=(14, max(4.0, 1.2 + 0.13 * len(records))))
+    strip = figure.add_axes((0.22, 0.06, 0.3, 0.9))
+    shown = strip.imshow(
+        np.log10(np.clip(shares, 1e-4, None)),
+        aspect="auto",
+        cmap="viridis",
+        extent=(edges[0], edges[-1], len(records) - 0.5, -0.5),
+        interpolation="nearest",
+    )
+    strip.axvline(0, color="red", linewidth=1)
+    labels = [f"{r['config']['name']} [{r['kernel']['name']}]" for r in records]
+    strip.set_yticks(range(len(records)), labels, fontsize=6)
+    strip.set_xlabel("log10(|error| / bound), worst configs on top")
+    figure.colorbar(shown, ax=strip, label="log10(share of elements)", fraction=0.05)
+    worst = list(dict.fromkeys(r["config"]["name"] for r in records))[:WORST_PANELS]
+    for index, config in enumerate(worst):
+        axis = figure.add_axes((0.62 + 0.19 * (index % 2), 0.78 - 0.24 * (index // 2), 0.16, 0.17))
+        for record in records:
+            if record["config"]["name"] == config:
+                axis.step(
+                    edges,
+                    np.append(_shares(record), 0),
+                    where="post",
+                    label=record["kernel"]["name"],
+                )
+        axis.axvline(0, color="red", linewidth=1)
+        axis.set_yscale("log")
+        axis.set_title(config, fontsize=7)
+        axis.tick_params(labelsize=6)
+        if index == 0:
+            axis.legend(fontsize=6)
+    return _png(figure)
+
+
+def _shares(record: dict) -> np.ndarray:
+    """Histogram counts as shares of the non-zero finite errors (empty: all zero)."""
+    counts = np.array(record["histogram"]["counts"], dtype=float)
+    return counts / max(counts.sum(), 1.0)
+
+
+def error_vs_sk_and_distribution(records: list[dict]) -> bytes:
+    """Max error/bound of each config against Sk (left) and per score distribution (right)."""
+    records = _ok(records)
+    figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4))
+    distributions = sorted({r["config"]["distribution"] for r in records})
+    for offset, kernel in enumerate(_kernels(records)):
+        mine = [r for r in records if r["kernel"]["name"] == kernel]
+        left.scatter(
+            [r["config"]["Sk"] for r in mine],
+            [_fraction(r) for r in mine],
+            label=kernel,
+            s=16,
+            alpha=0.7,
+        )
+        x = [distributions.index(r["config"]["distribution"]) + 0.15 * offset for r in mine]
+        right.scatter(x, [_fraction(r) for r in mine], label=kernel, s=16, alpha=0.7)
+    for axis in (left, right):
+        axis.set_yscale("log")
+        axis.axhline(1, color="red", linewidth=1)
+        axis.set_ylabel("max |error| / bound")
+        axis.grid(alpha=0.3)
+    left.set_xscale("log", base=2)
+    left.set_xlabel("Sk (keys)")
+    right.set_xticks(range(len(distributions)), distributions, rotation=20)
+    right.set_xlabel("score distribution")
+    left.legend(fontsize=8)
+    figure.tight_layout()
+    return _png(figure)
+
+
+def row_heatmap(records: list[dict]) -> bytes:
+    """Error/bound over query rows: one line per (config, kernel), rows binned to relative
+    position in the sequence (max over batches and heads), log10 colour scale."""
+    records = _ok(records)
+    image = np.full((len(records), PROFILE_COLUMNS), np.nan)
+    for index, record in enumerate(records):
+        values = np.array([[as_float(v) for v in line] for line in record["row_profile"]["values"]])
+        profile = values.max(axis=0) if values.size else np.zeros(1)
+        positions = np.minimum(
+            (np.arange(PROFILE_COLUMNS) * len(profile)) // PROFILE_COLUMNS, len(profile) - 1
+        )
+        image[index] = profile[positions]
+    with np.errstate(divide="ignore"):
+        image = np.log10(np.clip(np.nan_to_num(image, nan=FLOOR, posinf=1e3), FLOOR, None))
+    figure, axis = plt.subplots(figsize=(10, 1.5 + 0.16 * len(records)))
+    shown = axis.imshow(
+        image, aspect="auto", cmap="magma", vmin=math.log10(FLOOR), vmax=1, interpolation="nearest"
+    )
+    labels = [f"{r['config']['name']} [{r['kernel']['name']}]" for r in records]
+    axis.set_yticks(range(len(records)), labels, fontsize=6)
+    axis.set_xticks(
+        [0, PROFILE_COLUMNS // 2, PROFILE_COLUMNS - 1], ["first row", "middle", "last row"]
+    )
+    figure.colorbar(shown, ax=axis, label="log10(max |error| / bound) in the row bin")
+    figure.tight_layout()
+    return _png(figure)
+
+
+def kernel_comparison(records: list[dict]) -> bytes | None:
+    """Each kernel's max error/bound against the first kernel's, config by config (None when
+    fewer than two kernels ran on a common config)."""
+    records = _ok(records)
+    kernels = _kernels(records)
+    if len(kernels) < 2:
+        return None
+    by = {(r["config"]["name"], r["kernel"]["name"]): _fraction(r) for r in records}
+    base = kernels[0]
+    figure, axis = plt.subplots(figsize=(6, 5.5))
+    drawn = False
+    for kernel in kernels[1:]:
+        common = [c for (c, k) in by if k == kernel and (c, base) in by]
+        if common:
+            drawn = True
+            axis.scatter(
+                [by[c, base] for c in common], [by[c, kernel] for c in common], label=kernel, s=18
+            )
+    if not drawn:
+        plt.close(figure)
+        return None
+    axis.plot([FLOOR, 1e3], [FLOOR, 1e3], color="gray", linewidth=1)
+    axis.set_xscale("log")
+    axis.set_yscale("log")
+    axis.axhline(1, color="red", linewidth=1)
+    axis.axvline(1, color="red", linewidth=1)
+    axis.set_xlabel(f"{base}: max |error| / bound")
+    axis.set_ylabel("other kernel: max |error| / bound")
+    axis.legend(fontsize=8)
+    axis.grid(alpha=0.3)
+    figure.tight_layout()
+    return _png(figure)

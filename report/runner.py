@@ -1,0 +1,402 @@
+"""Evaluate configurations: run each kernel, compare every tier pair, write one record each.
+
+Per (config, kernel) the runner builds the case once and computes
+
+* the exact tier on sampled rows (cached on disk, :mod:`report.cache`),
+* the streaming tier with the kernel's declared precision chain and tile sizes (with a
+  :class:`~reference.streaming.RescaleTrace` for the worst element's story),
+* a float64 streaming result on all rows, from which the derived bound is evaluated
+  (``reference.bounds.error_bound``, as shared/notes/numerics.md 4.2 prescribes),
+
+then compares kernel vs exact, kernel vs streaming and streaming vs exact with
+``reference.compare.compare``. Records are appended to ``records.jsonl`` as they finish, so an
+interrupted run loses nothing and a rerun skips what is already there (same key).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from reference.case import AttentionCase, AttentionResult
+from reference.masks import visible
+from reference.precision import StreamingPrecision
+from reference.streaming import RescaleTrace, streaming_attention
+from report.cache import ExactCache
+
+TIERS = ("exact", "streaming")
+PAIRS = ("kernel_vs_exact", "kernel_vs_streaming", "streaming_vs_exact")
+# Kernel and streaming tier are each within the bound of the exact value, so their difference is
+# within twice the bound: the tolerance of the kernel-vs-streaming pair.
+PAIR_BOUND_SCALE = {"kernel_vs_exact": 1.0, "kernel_vs_streaming": 2.0, "streaming_vs_exact": 1.0}
+HIST_EDGES_LOG10 = tuple(float(e) for e in np.arange(-8.0, 1.01, 0.5))
+PROFILE_ROW_BINS = 64
+PROFILE_HEADS = 16
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Knobs that change a record's numbers, hence part of its resume key.
+
+    * ``tiers``: reference tiers to compare against (subset of ``exact``, ``streaming``).
+    * ``rows``: query rows sampled per case for the exact tier (``reference.exact.sample_rows``).
+    * ``prec_bits``: the exact tier's working precision.
+    * ``repeats``: kernel runs per case; > 1 checks bitwise determinism.
+    """
+
+    tiers: tuple[str, ...] = TIERS
+    rows: int = 16
+    prec_bits: int = 128
+    repeats: int = 2
+    row_seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.tiers or set(self.tiers) - set(TIERS):
+            raise ValueError(f"tiers={list(self.tiers)} must be a non-empty subset of {TIERS}")
+        if self.rows < 1:
+            raise ValueError(f"rows={self.rows!r} must be >= 1")
+        if self.prec_bits < 64:
+            raise ValueError(f"prec_bits={self.prec_bits!r} must be >= 64")
+        if self.repeats < 1:
+            raise ValueError(f"repeats={self.repeats!r} must be >= 1")
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+
+
+@dataclass
+class _CaseContext:
+    """What every kernel of one config shares: the case and its tier results, computed lazily."""
+
+    case: AttentionCase
+    options: RunOptions
+    exact_cache: ExactCache
+    timings: dict[str, float] = field(default_factory=dict)
+    _memo: dict = field(default_factory=dict)
+
+    def _timed(self, key, label: str, compute: Callable):
+        if key not in self._memo:
+            start = time.perf_counter()
+            self._memo[key] = compute()
+            self.timings[label] = self.timings.get(label, 0.0) + time.perf_counter() - start
+        return self._memo[key]
+
+    def rows(self) -> np.ndarray:
+        from reference.exact import sample_rows
+
+        options = self.options
+        return self._timed(
+            "rows", "exact_s", lambda: sample_rows(self.case, options.rows, options.row_seed)
+        )
+
+    def exact(self):
+        compute = lambda: self.exact_cache.get(self.case, self.rows(), self.options.prec_bits)  # noqa: E731
+        return self._timed("exact", "exact_s", compute)
+
+    def float64(self) -> AttentionResult:
+        compute = lambda: streaming_attention(self.case, StreamingPrecision.float64())  # noqa: E731
+        return self._timed("float64", "streaming_s", compute)
+
+    def streaming(self, precision: StreamingPrecision, tile_m: int, tile_n: int):
+        def compute():
+            trace = RescaleTrace()
+            result = streaming_attention(
+                self.case, precision, block_m=tile_m, block_n=tile_n, trace=trace
+            )
+            return result, trace
+
+        return self._timed(("streaming", precision, tile_m, tile_n), "streaming_s", compute)
+
+    def bounds(self, precision: StreamingPrecision, tile_n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Derived bounds on O ``[B, Sq, Hq, Dv]`` and on the LSE ``[B, Hq, Sq]``."""
+        from reference.bounds import error_bound, lse_error_bound
+
+        def compute():
+            reference = self.float64()
+            return (
+                error_bound(self.case, reference, precision, block_n=tile_n),
+                lse_error_bound(self.case, reference, precision, block_n=tile_n),
+            )
+
+        return self._timed(("bound", precision, tile_n), "bound_s", compute)
+
+
+def record_key(config, kernel: str, options: RunOptions) -> str:
+    """Identity of a record for resuming: config recipe, kernel name and run options."""
+    return f"{config.name}|{config.digest}|{kernel}|{options.digest}"
+
+
+def evaluate(config, kernels: Sequence[tuple[str, object]], options: RunOptions, cache: ExactCache):
+    """Records (dicts, schema in report/schema.json) of ``config`` for each ``(name, adapter)``."""
+    start = time.perf_counter()
+    try:
+        case = config.build()
+    except ValueError as error:
+        return [
+            _failed_record(config, name, adapter, options, "error", f"build: {error}")
+            for name, adapter in kernels
+        ]
+    context = _CaseContext(case, options, cache)
+    context.timings["build_s"] = time.perf_counter() - start
+    records = []
+    for name, adapter in kernels:
+        reason = adapter.spec.unsupported(case)
+        if reason is not None:
+            records.append(_failed_record(config, name, adapter, options, "unsupported", reason))
+            continue
+        records.append(_evaluate_kernel(config, case, name, adapter, options, context))
+    return records
+
+
+def _evaluate_kernel(config, case, name, adapter, options, context: _CaseContext) -> dict:
+    from reference.compare import compare
+
+    spec = adapter.spec
+    precision = spec.precision_for(case.dtype)
+    output_dtype = precision.output_dtype or precision.accum_dtype
+    kernel_start = time.perf_counter()
+    try:
+        outputs = [adapter(case) for _ in range(options.repeats)]
+    except Exception as error:  # a failing kernel is a finding, not a crash of the report
+        message = f"{type(error).__name__}: {error}"
+        return _failed_record(config, name, adapter, options, "error", message)
+    kernel_s = time.perf_counter() - kernel_start
+    actual = outputs[0]
+    bound, lse_bound = context.bounds(precision, spec.tile_n)
+    streamed, trace = context.streaming(precision, spec.tile_m, spec.tile_n)
+    exact = context.exact() if "exact" in options.tiers else None
+    rows = context.rows() if exact is not None else None
+    references = {
+        "kernel_vs_exact": (actual, exact, rows),
+        "kernel_vs_streaming": (actual, streamed if "streaming" in options.tiers else None, None),
+        "streaming_vs_exact": (streamed, exact, rows),
+    }
+    pairs = {}
+    for pair, (tested, reference, pair_rows) in references.items():
+        if reference is None:
+            continue
+        scale = PAIR_BOUND_SCALE[pair]
+        report = compare(
+            tested,
+            reference,
+            bound=bound * scale,
+            lse_bound=lse_bound * scale,
+            output_dtype=output_dtype,
+            rows=pair_rows,
+        )
+        pairs[pair] = {**report.to_dict(), "bound_scale": PAIR_BOUND_SCALE[pair]}
+    primary = "kernel_vs_exact" if "kernel_vs_exact" in pairs else "kernel_vs_streaming"
+    determinism = _determinism(outputs, spec.deterministic)
+    passed = all(p["passed"] for p in pairs.values()) and determinism["ok"]
+    reference64 = context.float64()
+    return _clean(
+        {
+            "key": record_key(config, name, options),
+            "config": config.fields(),
+            "case": case.describe(),
+            "kernel": _kernel_info(name, adapter),
+            "status": "ok",
+            "message": None,
+            "verdict": "pass" if passed else "fail",
+            "output_dtype": output_dtype,
+            "pairs": pairs,
+            "primary_pair": primary,
+            "worst": _worst_story(case, pairs[primary], trace),
+            "determinism": determinism,
+            "histogram": _histogram(actual, exact, rows, reference64, bound),
+            "row_profile": _row_profile(actual, reference64, bound),
+            "timing": {**context.timings, "kernel_s": kernel_s / options.repeats},
+        }
+    )
+
+
+def _failed_record(config, name, adapter, options, status: str, message: str) -> dict:
+    return _clean(
+        {
+            "key": record_key(config, name, options),
+            "config": config.fields(),
+            "case": None,
+            "kernel": _kernel_info(name, adapter),
+            "status": status,
+            "message": message,
+            "verdict": "error" if status == "error" else "unsupported",
+            "pairs": {},
+        }
+    )
+
+
+def _kernel_info(name: str, adapter) -> dict:
+    spec = adapter.spec
+    return {
+        "name": name,
+        "spec_name": spec.name,
+        "device": spec.device,
+        "tile_m": spec.tile_m,
+        "tile_n": spec.tile_n,
+        "deterministic": spec.deterministic,
+        "returns_lse": spec.returns_lse,
+    }
+
+
+def _determinism(outputs: list[AttentionResult], declared: bool) -> dict:
+    """Bitwise comparison of repeated runs (NaN equal to NaN); only failing when declared."""
+    if len(outputs) < 2:
+        return {"checked": False, "bitwise_equal": None, "max_abs_diff": None, "ok": True}
+    first = outputs[0]
+    equal, diff = True, 0.0
+    for other in outputs[1:]:
+        for a, b in ((first.o, other.o), (first.lse, other.lse)):
+            if a is None or b is None:
+                continue
+            same = np.array_equal(a, b, equal_nan=True)
+            equal &= same
+            if not same:
+                with np.errstate(invalid="ignore"):
+                    delta = np.abs(np.asarray(a) - np.asarray(b))
+                diff = max(diff, float(np.nanmax(delta)) if np.isfinite(delta).any() else math.inf)
+    return {
+        "checked": True,
+        "bitwise_equal": equal,
+        "max_abs_diff": diff,
+        "ok": equal or not declared,
+    }
+
+
+def _worst_story(case: AttentionCase, pair: dict, trace: RescaleTrace) -> dict | None:
+    """The worst element's position and what its row went through: the row's largest scaled
+    score, how often the streaming max was rescaled, how many K blocks it saw."""
+    index = pair.get("worst_index")
+    if index is None:
+        return None
+    b, i, h, c = (int(x) for x in index)
+    seen = visible(case, b, h, [i])[0]
+    scores = case.q[b, i, h].astype(np.float64) @ case.k[b, :, case.kv_head(h)].astype(np.float64).T
+    row_max = float(np.max(scores[seen]) * case.softmax_scale) if seen.any() else None
+    return {
+        "b": b,
+        "row": i,
+        "head": h,
+        "col": c,
+        "row_max": row_max,
+        "visible_keys": int(seen.sum()),
+        "rescales": int(trace.rescales[b, h, i]),
+        "visible_blocks": int(trace.visible_blocks[b, h, i]),
+    }
+
+
+def _fraction(actual: np.ndarray, reference: np.ndarray, bound: np.ndarray) -> np.ndarray:
+    """Elementwise |actual - reference| / bound for plots (0/0 = 0, x/0 = inf, NaN = inf)."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        error = np.abs(actual - reference)
+        error = np.where(np.isnan(error), np.inf, error)
+        return np.where(error == 0, 0.0, error / bound)
+
+
+def _histogram(actual, exact, rows, reference64, bound) -> dict:
+    """Counts of log10(error / bound) per element: against exact on its sampled rows when the
+    exact tier ran, else against the float64 result on all rows."""
+    if exact is not None:
+        selected = np.transpose(rows, (0, 2, 1))  # [B, Hq, Sq] -> [B, Sq, Hq] like o
+        reference = exact.o + exact.o_lo
+        fraction = _fraction(actual.o, reference, bound)[selected]
+        against = "exact (sampled rows)"
+    else:
+        fraction = _fraction(actual.o, reference64.o, bound).ravel()
+        against = "float64 streaming (all rows)"
+    zeros = int(np.sum(fraction == 0))
+    finite = fraction[np.isfinite(fraction) & (fraction > 0)]
+    edges = np.array(HIST_EDGES_LOG10)
+    counts, _ = np.histogram(np.clip(np.log10(finite), edges[0], edges[-1]), bins=edges)
+    return {
+        "against": against,
+        "edges_log10": list(HIST_EDGES_LOG10),
+        "counts": counts.tolist(),
+        "zeros": zeros,
+        "infinite": int(np.sum(~np.isfinite(fraction))),
+    }
+
+
+def _row_profile(actual: AttentionResult, reference64: AttentionResult, bound: np.ndarray) -> dict:
+    """Max error / bound per query row against the float64 result (which agrees with exact to
+    ~1e-15, far below any 16-bit bound), binned to at most 64 row bins x 16 (batch, head) lines."""
+    per_row = np.max(_fraction(actual.o, reference64.o, bound), axis=-1, initial=0.0)  # [B, Sq, Hq]
+    lines = np.transpose(per_row, (0, 2, 1)).reshape(-1, per_row.shape[1])  # [B*Hq, Sq]
+    lines = _bin_max(_bin_max(lines, PROFILE_ROW_BINS, axis=1), PROFILE_HEADS, axis=0)
+    return {
+        "rows_per_bin": math.ceil(per_row.shape[1] / min(PROFILE_ROW_BINS, per_row.shape[1])),
+        "lines": "batch*head",
+        "values": lines.tolist(),
+    }
+
+
+def _bin_max(array: np.ndarray, bins: int, axis: int) -> np.ndarray:
+    n = array.shape[axis]
+    if n <= bins:
+        return array
+    edges = np.linspace(0, n, bins + 1).astype(int)
+    parts = [
+        np.max(np.take(array, range(lo, hi), axis=axis), axis=axis)
+        for lo, hi in zip(edges[:-1], edges[1:], strict=True)
+    ]
+    return np.stack(parts, axis=axis)
+
+
+def _clean(value):
+    """JSON-safe copy: numpy scalars to Python, non-finite floats to "inf"/"-inf"/"nan"."""
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return _clean(value.tolist())
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        value = float(value)
+        return value if math.isfinite(value) else str(value)
+    return value
+
+
+def as_float(value) -> float | None:
+    """A record number back as float ("inf" strings included); None stays None."""
+    return None if value is None else float(value)
+
+
+class RecordLog:
+    """``records.jsonl``: one JSON line per finished record, flushed as written."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def load(self) -> dict[str, dict]:
+        """Records already written, by key; a torn last line (interrupted write) is dropped."""
+        done = {}
+        if not self.path.exists():
+            return done
+        for line in self.path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            done[record["key"]] = record
+        return done
+
+    def append(self, records: Iterable[dict]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        torn = self.path.exists() and not self.path.read_bytes().endswith(b"\n")
+        with self.path.open("a") as stream:
+            if torn and self.path.stat().st_size:
+                stream.write("\n")  # end the torn line so the next record starts cleanly
+            for record in records:
+                stream.write(json.dumps(record, allow_nan=False) + "\n")
+            stream.flush()

@@ -1,0 +1,160 @@
+"""One report run: resolve kernels, evaluate configs with resume, write JSON/Markdown/HTML.
+
+Files under the output directory:
+
+* ``records.jsonl``: one line per finished (config, kernel), appended as it finishes; a rerun
+  with the same configs, kernels and options skips the keys already there.
+* ``cache/exact/*.npz``: exact-tier results (:mod:`report.cache`).
+* ``report.json`` (schema: report/schema.json), ``report.md``, ``report.html`` (needs
+  matplotlib; without it the run still writes JSON and Markdown and says so).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from report.cache import ExactCache
+from report.runner import RecordLog, RunOptions, evaluate, record_key
+from report.schema import SCHEMA_VERSION, validate
+
+
+def resolve_kernels(names: Sequence[str]) -> list[tuple[str, object]]:
+    """``(name, adapter)`` for each built-in name or dotted path, in order, without repeats."""
+    from kernel.registry import resolve
+
+    if len(set(names)) != len(names):
+        raise ValueError(f"kernels={list(names)} must not repeat a kernel")
+    return [(name, resolve(name)) for name in names]
+
+
+def run_report(
+    configs: Sequence,
+    kernels: Sequence[tuple[str, object]],
+    options: RunOptions,
+    out_dir: str | Path,
+    *,
+    progress: bool = True,
+    command: Sequence[str] | None = None,
+) -> dict:
+    """Evaluate every (config, kernel) not yet in ``out_dir``, then write the final outputs.
+
+    Returns the report (the content of ``report.json``).
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    log = RecordLog(out / "records.jsonl")
+    done = log.load()
+    cache = ExactCache(out / "cache" / "exact")
+    start = time.perf_counter()
+    reused = 0
+    bar = _progress(len(configs) * len(kernels), progress)
+    for config in configs:
+        todo = [(n, a) for n, a in kernels if record_key(config, n, options) not in done]
+        reused += len(kernels) - len(todo)
+        bar.update(len(kernels) - len(todo))
+        if not todo:
+            continue
+        bar.set_postfix_str(config.name)
+        records = evaluate(config, todo, options, cache)
+        log.append(records)
+        done.update((r["key"], r) for r in records)
+        bar.update(len(todo))
+    bar.close()
+    records = [done[record_key(c, n, options)] for c in configs for n, _ in kernels]
+    report = {
+        "schema_version": SCHEMA_VERSION,
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "command": list(command) if command is not None else sys.argv,
+        "machine": machine_info(any(a.spec.device == "cuda" for _, a in kernels)),
+        "options": {**vars(options), "tiers": list(options.tiers)},
+        "kernels": [name for name, _ in kernels],
+        "elapsed_s": round(time.perf_counter() - start, 3),
+        "resumed_records": reused,
+        "exact_cache": {"hits": cache.hits, "misses": cache.misses},
+        "summary": {
+            "records": len(records),
+            "verdicts": dict(Counter(r["verdict"] for r in records)),
+        },
+        "records": records,
+    }
+    validate(report)
+    write_outputs(report, out)
+    return report
+
+
+def write_outputs(report: dict, out: Path) -> list[Path]:
+    """report.json, report.md and (with matplotlib) report.html; returns the paths written."""
+    from report.markdown import render_markdown
+
+    paths = [_write(out / "report.json", json.dumps(report, indent=1, allow_nan=False))]
+    paths.append(_write(out / "report.md", render_markdown(report)))
+    try:
+        from report.html import render_html
+    except ImportError as error:
+        print(f"attention-report: no HTML page ({error}); wrote JSON and Markdown", file=sys.stderr)
+        return paths
+    paths.append(_write(out / "report.html", render_html(report)))
+    return paths
+
+
+def _write(path: Path, text: str) -> Path:
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text)
+    os.replace(partial, path)
+    return path
+
+
+def machine_info(probe_gpu: bool) -> dict:
+    """Where the numbers come from. torch is imported only when a CUDA kernel ran."""
+    import mpmath
+
+    info = {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "mpmath": f"{mpmath.__version__} ({mpmath.libmp.BACKEND})",
+        "cpu_count": os.cpu_count(),
+        "gpu": None,
+        "torch": None,
+    }
+    if probe_gpu:
+        try:
+            import torch
+        except ImportError:
+            return info
+        info["torch"] = torch.__version__
+        if torch.cuda.is_available():
+            info["gpu"] = torch.cuda.get_device_name()
+    return info
+
+
+class _NoBar:
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def set_postfix_str(self, text: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _progress(total: int, enabled: bool):
+    if not enabled:
+        return _NoBar()
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return _NoBar()
+    return tqdm(total=total, unit="run", desc="attention-report", dynamic_ncols=True)
