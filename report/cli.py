@@ -82,6 +82,7 @@ def _run_parser() -> argparse.ArgumentParser:
         "--fresh", action="store_true", help="discard finished records in --out instead of resuming"
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--no-html", action="store_true", help="write JSON and Markdown only")
     parser.add_argument(
         "--strict", action="store_true", help="exit 1 when any record fails or errors"
     )
@@ -163,6 +164,7 @@ def run_main(argv: Sequence[str]) -> int:
         options,
         args.out,
         progress=not args.no_progress,
+        html=not args.no_html,
         command=["attention-report", *argv],
     )
     verdicts = report["summary"]["verdicts"]

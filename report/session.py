@@ -44,11 +44,11 @@ def run_report(
     out_dir: str | Path,
     *,
     progress: bool = True,
+    html: bool = True,
     command: Sequence[str] | None = None,
 ) -> dict:
-    """Evaluate every (config, kernel) not yet in ``out_dir``, then write the final outputs.
-
-    Returns the report (the content of ``report.json``).
+    """Evaluate every (config, kernel) not yet in ``out_dir``, then write the final outputs
+    (``html=False``: JSON and Markdown only). Returns the report (``report.json``'s content).
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -88,16 +88,19 @@ def run_report(
         "records": records,
     }
     validate(report)
-    write_outputs(report, out)
+    write_outputs(report, out, html=html)
     return report
 
 
-def write_outputs(report: dict, out: Path) -> list[Path]:
-    """report.json, report.md and (with matplotlib) report.html; returns the paths written."""
+def write_outputs(report: dict, out: Path, *, html: bool = True) -> list[Path]:
+    """report.json, report.md and (with ``html`` and matplotlib) report.html; returns the paths
+    written."""
     from report.markdown import render_markdown
 
     paths = [_write(out / "report.json", json.dumps(report, indent=1, allow_nan=False))]
     paths.append(_write(out / "report.md", render_markdown(report)))
+    if not html:
+        return paths
     try:
         from report.html import render_html
     except ImportError as error:
