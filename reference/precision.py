@@ -38,7 +38,7 @@ def round_to(x: np.ndarray, dtype: str) -> np.ndarray:
 def _round_float64_to_bfloat16(x: np.ndarray) -> np.ndarray:
     # Round to 8 significant bits on the float64 bits (RNE), then let ml_dtypes handle the range
     # (overflow to inf): the float32 step is then exact except below bf16's normal range.
-    bits = np.ascontiguousarray(x, dtype=np.float64).view(np.uint64)
+    bits = np.array(x, dtype=np.float64, order="C").view(np.uint64)  # keeps 0-d arrays 0-d
     finite = np.isfinite(x)
     shift = np.uint64(45)
     half = np.uint64(1) << (shift - np.uint64(1))
