@@ -166,7 +166,8 @@ def _attend_row_block(
         row_sum = row_sum * alpha + P_sum.sum(axis=1, dtype=accum_dtype)  # l = l*alpha + rowsum(P)
         O = O * alpha[:, None] + P_mma.astype(accum_dtype) @ V  # O = O * alpha + P V
         trace.block(b, h, rows, seen, m_old, m_block, row_max)
-    # Non-empty rows have row_sum >= 1 (the max key contributes exp2(0)); empty rows have 0.
+    # A non-empty row's max key adds exp2(~0) ~ 1 (exactly 1 but for the FMA residual
+    # S*c - fl(m*c)), so row_sum > 0; an empty row's row_sum is 0.
     row_sum_safe = np.where(row_sum > 0, row_sum, 1)  # empty rows: O stays 0, no 0 / 0
     O = O / row_sum_safe[:, None]  # O = O / row_sum (deferred normalization)
     # lse = (m * c + log2(l)) * ln 2; empty rows: -inf * c + log2(1) = -inf.
@@ -175,9 +176,10 @@ def _attend_row_block(
 
 
 def _fma(a: np.ndarray, b: np.floating, c: np.ndarray) -> np.ndarray:
-    """``a * b + c`` rounded once to ``a``'s dtype, as the kernel's FFMA.
+    """``a * b + c`` in ``a``'s dtype, as the kernel's FFMA (float64 mode: multiply, then add).
 
     For float32 the product is exact in float64 and the sum is rounded twice (float64, then
-    float32), which differs from one rounding only when the float64 sum lands on a float32 tie.
+    float32), which differs from one FMA rounding only when the float64 sum lands on a float32
+    tie.
     """
     return (a.astype(np.float64) * np.float64(b) + c).astype(a.dtype)
