@@ -409,14 +409,15 @@ def _subnormal_p(ctx: BuildContext) -> Arrays:
 
 
 def _subnormal_p_claim(case: AttentionCase, block_n: int) -> Evidence:
+    # Rows whose max is an anchor (logit 0): every other visible p must be in the band.
     logits, seen = scaled_scores(case)
-    with np.errstate(all="ignore"):
-        p = logits - logits.max(axis=-1, keepdims=True)
     low, high = _subnormal_band(case.dtype)
-    hits = seen & (p >= low - 0.7) & (p < high)
-    rows = int((seen.sum(axis=-1) >= 2).sum())
-    if rows and not hits.any():
-        return Evidence(rows, "subnormal_p: no visible p falls in the subnormal range")
+    anchored = logits.max(axis=-1, keepdims=True) == 0
+    others = seen & anchored & (logits < 0)
+    outside = others & ((logits < low - 0.7) | (logits >= high))
+    rows = int(others.any(axis=-1).sum())
+    if outside.any():
+        return Evidence(rows, "subnormal_p: a visible p < 1 lies outside the subnormal range")
     return Evidence(rows)
 
 
@@ -445,7 +446,7 @@ def _mask_bait_claim(case: AttentionCase, block_n: int) -> Evidence:
     hidden = np.where(~seen & np.isfinite(raw), raw, -np.inf).max(axis=-1)
     shown = np.where(seen, raw, -np.inf).max(axis=-1)
     rows = (hidden > -np.inf) & (shown > -np.inf)
-    if rows.any() and not (rows & (hidden > shown + 5)).any():
+    if rows.any() and not (rows & (hidden > shown)).any():
         return Evidence(int(rows.sum()), "mask_bait: no masked key outranks the visible ones")
     return Evidence(int(rows.sum()))
 

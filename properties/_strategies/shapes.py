@@ -79,10 +79,9 @@ def tile_aware_lengths(*, tile: int, max_len: int, min_len: int = 0) -> st.Searc
             raise ValueError(f"{name}={value!r} must be an int >= 1")
     if isinstance(min_len, bool) or not isinstance(min_len, int) or not 0 <= min_len <= max_len:
         raise ValueError(f"min_len={min_len!r} must be an int in [0, max_len={max_len}]")
-    return st.one_of(
-        st.sampled_from(_tile_lengths(tile, min_len, max_len)),
-        st.integers(min_len, max_len),
-    )
+    edges = st.sampled_from(_tile_lengths(tile, min_len, max_len))
+    anything = st.integers(min_len, max_len)
+    return st.integers(0, 3).flatmap(lambda r: anything if r == 0 else edges)  # 3/4 at edges
 
 
 def head_counts(*, gqa: bool, max_heads: int = 4) -> st.SearchStrategy[tuple[int, int]]:

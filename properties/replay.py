@@ -1,0 +1,104 @@
+"""Replay a saved case through the reference tiers: ``python -m properties.replay CASE.npz``.
+
+A failing property saves its case (``AttentionCase.save``) and prints this command, so the
+exact inputs can be rerun, attached to a report, or loaded with ``AttentionCase.load``. Cases
+go to ``$ATTENTION_REPORT_DIR`` (conftest can set it from ``--report-dir``), else
+``<tmp>/attention-cases``; file names are content hashes, so shrinking rewrites one file per
+distinct case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from reference.bounds import error_bound
+from reference.case import AttentionCase
+from reference.compare import compare
+from reference.exact import exact_attention, sample_rows
+from reference.precision import StreamingPrecision
+from reference.streaming import streaming_attention
+
+
+def case_directory() -> Path:
+    """Where failing cases are written (``$ATTENTION_REPORT_DIR`` or a temp folder)."""
+    configured = os.environ.get("ATTENTION_REPORT_DIR")
+    return Path(configured) if configured else Path(tempfile.gettempdir()) / "attention-cases"
+
+
+def save_case(case: AttentionCase, directory: str | Path | None = None) -> Path:
+    """Write ``case`` as ``<sha1 of its inputs>.npz`` under ``directory`` and return the path."""
+    directory = Path(directory) if directory is not None else case_directory()
+    directory.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha1(case.describe().encode())
+    for array in (case.q, case.k, case.v, case.mask.explicit):
+        if array is not None:
+            digest.update(array.tobytes())
+    return case.save(directory / f"case-{digest.hexdigest()[:16]}.npz")
+
+
+def replay_command(case: AttentionCase, directory: str | Path | None = None) -> str:
+    """Save ``case`` and return the one-line shell command that replays it."""
+    return f"python -m properties.replay {save_case(case, directory)}"
+
+
+@contextlib.contextmanager
+def reproducer_on_failure(
+    case: AttentionCase, directory: str | Path | None = None
+) -> Iterator[None]:
+    """On any exception inside the block, save ``case`` and add the replay command as a note
+    (shown under the traceback), then re-raise. Costs nothing when the block passes."""
+    try:
+        yield
+    except Exception as exc:
+        exc.add_note(f"reproduce: {replay_command(case, directory)}")
+        raise
+
+
+def tile_from_label(case: AttentionCase, default: int) -> int:
+    """The ``tile_n=<n>`` an ``attention_cases`` case was drawn around, else ``default``."""
+    for part in case.label.split():
+        if part.startswith("tile_n="):
+            return int(part.removeprefix("tile_n="))
+    return default
+
+
+def replay(case: AttentionCase, *, block_m: int, block_n: int, rows: int | None = None) -> str:
+    """Exact tier vs the streaming tier (float64 mode, and the FlashAttention chain of the
+    case's dtype with its derived bound); returns the report as text."""
+    selected = None if rows is None else sample_rows(case, rows)
+    exact = exact_attention(case, selected)
+    lines = [case.describe()]
+    for name, precision in (
+        ("streaming float64", StreamingPrecision.float64()),
+        (f"streaming {case.dtype} chain", StreamingPrecision.flash_attention(case.dtype)),
+    ):
+        result = streaming_attention(case, precision, block_m=block_m, block_n=block_n)
+        bound = error_bound(case, exact.as_result(), precision, block_n=block_n)
+        dtype = precision.output_dtype or precision.accum_dtype
+        report = compare(result, exact, bound=bound, output_dtype=dtype, rows=selected)
+        lines.append(f"{name} (block {block_m}x{block_n}): {report.summary()}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m properties.replay", description=__doc__)
+    parser.add_argument("case", type=Path, help="a case written by AttentionCase.save")
+    parser.add_argument("--block-m", type=int, default=None, help="default: the case's tile_n")
+    parser.add_argument("--block-n", type=int, default=None, help="default: the case's tile_n")
+    parser.add_argument("--rows", type=int, default=None, help="exact tier on N sampled rows")
+    args = parser.parse_args(argv)
+    case = AttentionCase.load(args.case)
+    block_n = args.block_n or tile_from_label(case, 128)
+    print(replay(case, block_m=args.block_m or block_n, block_n=block_n, rows=args.rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,216 @@
+"""properties/strategies.py: every strategy stays in its domain and proves what it claims.
+
+Each score distribution's claim is checked on every generated case, the rescale claims on the
+streaming tier's trace at the spec's tile, and each claim must apply to at least one generated
+case (a claim that is always vacuous proves nothing).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import event, find, given, settings
+from hypothesis import strategies as st
+
+from kernel.spec import KernelSpec
+from properties import coverage
+from properties.replay import reproducer_on_failure, save_case
+from properties.strategies import (
+    DISTRIBUTIONS,
+    REFERENCE_SPEC,
+    attention_cases,
+    attention_shapes,
+    head_counts,
+    length_class,
+    masks,
+    score_distributions,
+    tile_aware_lengths,
+)
+from reference.case import AttentionCase, CausalAlignment
+from reference.streaming import RescaleTrace, streaming_attention
+
+pytestmark = pytest.mark.cpu
+
+TILE_N = REFERENCE_SPEC.tile_n
+
+
+@pytest.mark.parametrize("name", list(DISTRIBUTIONS))
+def test_distribution_claims_hold(name: str) -> None:
+    """The case claim (and trace claim, at block_n = tile_n) holds on every drawn case."""
+    dist = DISTRIBUTIONS[name]
+    applicable = []
+
+    @given(attention_cases(distributions=[name]))
+    def check(case: AttentionCase) -> None:
+        with reproducer_on_failure(case):
+            evidence = dist.claim(case, TILE_N)
+            assert evidence.failure is None, evidence.failure
+            applicable.append(evidence.applicable)
+            if dist.trace_claim is not None:
+                trace = RescaleTrace()
+                streaming_attention(
+                    case, block_m=REFERENCE_SPEC.tile_m, block_n=TILE_N, trace=trace
+                )
+                evidence = dist.trace_claim(case, trace, TILE_N)
+                assert evidence.failure is None, evidence.failure
+                applicable.append(evidence.applicable)
+            event(f"{name} claim applies" if evidence.applicable else f"{name} claim vacuous")
+
+    check()
+    if name != "gaussian":  # the baseline claims nothing
+        assert max(applicable) > 0, f"{name}: claim never applied to a generated case"
+
+
+def test_ramp_forces_a_rescale_in_every_block() -> None:
+    """The issue's example: a ramp row seeing n K blocks rescales at least n - 1 times."""
+    case = find(
+        attention_cases(distributions=["ramp"], mask_kinds=()),
+        lambda c: c.Sk > 3 * TILE_N,
+        settings=settings(database=None),
+    )
+    trace = RescaleTrace()
+    streaming_attention(case, block_n=TILE_N, trace=trace)
+    assert (trace.visible_blocks == 4).all()
+    assert (trace.rescales == 3).all()
+
+
+@given(st.integers(1, 64), st.integers(1, 300), st.data())
+def test_tile_aware_lengths_stay_in_range(tile: int, max_len: int, data: st.DataObject) -> None:
+    min_len = data.draw(st.integers(0, max_len))
+    n = data.draw(tile_aware_lengths(tile=tile, max_len=max_len, min_len=min_len))
+    assert min_len <= n <= max_len
+
+
+def test_tile_aware_lengths_cluster_at_tile_edges() -> None:
+    """Most draws land on 1, k*tile +- {0, 1} or a half-tile residue, not anywhere."""
+    drawn = []
+
+    @settings(max_examples=200, database=None)
+    @given(tile_aware_lengths(tile=16, max_len=200, min_len=1))
+    def collect(n: int) -> None:
+        drawn.append(length_class(n, 16))
+
+    collect()
+    edges = {"one", "tile_multiple", "tile+1", "tile-1", "half_tile"}
+    assert sum(c in edges for c in drawn) > len(drawn) / 2
+    assert edges <= set(drawn)
+
+
+def test_head_counts_cover_mha_gqa_mqa() -> None:
+    found = set()
+
+    @settings(max_examples=100, database=None)
+    @given(head_counts(gqa=True, max_heads=4))
+    def collect(heads: tuple[int, int]) -> None:
+        hq, hkv = heads
+        assert hq % hkv == 0
+        found.add("mha" if hq == hkv else "mqa" if hkv == 1 else "gqa")
+
+    collect()
+    assert found == {"mha", "gqa", "mqa"}
+
+
+NARROW_SPEC = KernelSpec(
+    name="narrow",
+    dtypes=frozenset({"float16"}),
+    head_dims=frozenset({8}),
+    mask_kinds=frozenset({"causal"}),
+    causal_alignment=CausalAlignment.TOP_LEFT,
+    gqa=False,
+    tile_m=4,
+    tile_n=4,
+    max_seqlen=20,
+    device="cpu",
+)
+
+
+@given(attention_cases(spec=NARROW_SPEC))
+def test_cases_stay_inside_the_kernel_declaration(case: AttentionCase) -> None:
+    assert NARROW_SPEC.supports(case), NARROW_SPEC.unsupported(case)
+    assert max(case.Sq, case.Sk) <= 4 * NARROW_SPEC.tile_n + 1
+    assert case.mask.kinds <= {"causal"}
+
+
+@given(attention_cases())
+def test_cases_are_valid_and_labelled(case: AttentionCase) -> None:
+    key = coverage.coverage_key(case)
+    assert key is not None and key[2] in DISTRIBUTIONS
+    assert max(case.Sq, case.Sk) <= 4 * TILE_N + 1
+
+
+def test_masks_reach_both_alignments_windows_varlen_explicit_and_empty_rows() -> None:
+    """With Sq > Sk every mask feature, both alignments and emptied rows all appear."""
+    shape = find(attention_shapes(spec=REFERENCE_SPEC, max_len=33), lambda s: s.Sq > s.Sk > 8)
+    seen = set()
+
+    @settings(max_examples=150, database=None)
+    @given(masks(shape=shape, tile_m=16, tile_n=8))
+    def collect(mask) -> None:
+        seen.update(mask.kinds)
+        if mask.causal:
+            seen.add(mask.alignment.value)
+        if mask.explicit is not None and not mask.explicit.any(axis=-1).all():
+            seen.add("explicit_empty_row")
+        if 0 in (mask.k_lengths or ()):
+            seen.add("zero_length")
+
+    collect()
+    assert seen >= {"causal", "window", "varlen", "explicit", "bottom_right", "top_left"}
+    assert {"explicit_empty_row", "zero_length"} <= seen
+
+
+def test_shrinking_gives_small_shapes() -> None:
+    case = find(attention_cases(), lambda c: c.Sk >= 10, settings=settings(database=None))
+    assert (case.B, case.Hq, case.Hkv, case.Sq) == (1, 1, 1, 1)
+    assert case.Sk <= 12 and case.D == 1
+
+
+def test_saved_case_round_trips(tmp_path) -> None:
+    case = find(
+        attention_cases(distributions=["nonfinite_padding"]),
+        lambda c: c.dtype == "bfloat16",
+        settings=settings(database=None),
+    )
+    loaded = AttentionCase.load(save_case(case, tmp_path))
+    for name in "qkv":
+        assert np.array_equal(getattr(loaded, name), getattr(case, name), equal_nan=True)
+    assert loaded.label == case.label and loaded.mask.describe() == case.mask.describe()
+
+
+def test_reproducer_note_names_a_replayable_file(tmp_path) -> None:
+    case = find(attention_cases(), lambda c: True, settings=settings(database=None))
+    with pytest.raises(AssertionError) as info, reproducer_on_failure(case, tmp_path):
+        raise AssertionError("boom")
+    (note,) = info.value.__notes__
+    assert note.startswith("reproduce: python -m properties.replay ")
+    assert AttentionCase.load(note.split()[-1]).label == case.label
+
+
+def test_coverage_summary_lists_every_axis() -> None:
+    text = coverage.summary()
+    assert all(f"  {axis} (" in text for axis in coverage.AXES)
+
+
+@pytest.mark.parametrize(
+    ("strategy", "kwargs", "argument"),
+    [
+        (attention_cases, {"spec": "fa4"}, "spec"),
+        (attention_cases, {"dtypes": ["float64"]}, "dtypes"),
+        (attention_cases, {"mask_kinds": ["alibi"]}, "mask_kinds"),
+        (attention_cases, {"max_len": 0}, "max_len"),
+        (attention_cases, {"max_len": 10**6}, "max_len"),
+        (attention_cases, {"max_batch": 0}, "max_batch"),
+        (attention_cases, {"max_heads": 0}, "max_heads"),
+        (attention_cases, {"head_dims": [3]}, "head_dims"),
+        (attention_cases, {"distributions": ["uniform"]}, "names"),
+        (attention_cases, {"distributions": ["nonfinite_padding"], "mask_kinds": []}, "varlen"),
+        (tile_aware_lengths, {"tile": 0, "max_len": 8}, "tile"),
+        (tile_aware_lengths, {"tile": 8, "max_len": 8, "min_len": 9}, "min_len"),
+        (head_counts, {"gqa": True, "max_heads": -1}, "max_heads"),
+        (score_distributions, {"names": []}, "names"),
+        (masks, {"shape": (1, 2, 3)}, "shape"),
+    ],
+)
+def test_invalid_options_raise_when_the_strategy_is_built(strategy, kwargs, argument) -> None:
+    with pytest.raises(ValueError, match=argument):
+        strategy(**kwargs)
