@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reference.case import INPUT_DTYPES, AttentionCase, CausalAlignment, Mask
+from properties.strategies import DISTRIBUTIONS, attention_cases
+from reference.case import AttentionCase, Mask
 from reference.exact import exact_attention
 from reference.masks import empty_rows
 from reference.precision import StreamingPrecision, round_to
@@ -23,40 +24,19 @@ pytestmark = pytest.mark.cpu
 FLOAT64 = StreamingPrecision.float64()
 
 
-@st.composite
-def small_cases(draw, *, dtypes=tuple(INPUT_DTYPES), masks: bool = True) -> AttentionCase:
-    """Small benign cases (N(0,1)-ish values) with every mask feature and NaN in padding.
-
-    Shapes, mask parameters and a seed are drawn; arrays come from NumPy's RNG, so shrinking
-    works on the parameters (shared/notes/numerics.md, section 5).
-    """
-    B, Hkv, group = draw(st.integers(1, 2)), draw(st.integers(1, 2)), draw(st.integers(1, 2))
-    Sq, Sk, D, Dv = (draw(st.integers(1, n)) for n in (20, 24, 16, 8))
-    dtype = INPUT_DTYPES[draw(st.sampled_from(dtypes))]
-    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    q, k = (rng.normal(0, 1.5, (B, S, H, D)) for S, H in ((Sq, Hkv * group), (Sk, Hkv)))
-    v = rng.normal(0, 1, (B, Sk, Hkv, Dv))
-    mask = Mask()
-    if masks:
-        window = st.none() | st.integers(0, 6)
-        lengths = st.none() | st.tuples(*[st.integers(0, Sk)] * B)
-        mask = Mask(
-            causal=draw(st.booleans()),
-            alignment=draw(st.sampled_from(CausalAlignment)),
-            window_left=draw(window),
-            window_right=draw(window),
-            q_lengths=draw(st.none() | st.tuples(*[st.integers(0, Sq)] * B)),
-            k_lengths=draw(lengths),
-            explicit=rng.random((B, 1, Sq, Sk)) < 0.8 if draw(st.booleans()) else None,
-        )
-        # Padding is never read by a kernel: poison it so a leak shows up as NaN.
-        for array, lens in ((q, mask.q_lengths), (k, mask.k_lengths), (v, mask.k_lengths)):
-            for b, n in enumerate(lens or ()):
-                array[b, n:] = np.nan
-    return AttentionCase(q.astype(dtype), k.astype(dtype), v.astype(dtype), mask=mask)
-
-
+# 'huge' and 'below_sentinel' put scores at |s| ~ 1e4..6e4, where float64 rounding of the exp2
+# argument alone is ~|s| 2^-53 relative: those cases are held to the derived bound
+# (properties/test_bounds.py), not to 1e-12 here.
+BENIGN = tuple(name for name in DISTRIBUTIONS if name not in ("huge", "below_sentinel"))
+all_cases = attention_cases(max_len=20)
+benign_cases = attention_cases(max_len=20, distributions=BENIGN)
 blocks = st.tuples(st.integers(1, 16), st.integers(1, 16))
+
+
+def max_abs_v(case: AttentionCase) -> float:
+    """max |V| over finite entries (padding may hold NaN/Inf), at least 1."""
+    v = case.v.astype(np.float64)
+    return max(1.0, float(np.abs(v[np.isfinite(v)]).max(initial=0)))
 
 
 def assert_matches_reference(result, case: AttentionCase, rel: float = 1e-12) -> None:
@@ -64,7 +44,7 @@ def assert_matches_reference(result, case: AttentionCase, rel: float = 1e-12) ->
     rows), LSE within ``rel * max(1, |lse|)``, and the same empty rows (-inf) on both sides."""
     exact = exact_attention(case)
     o_ref, lse_ref = exact.o, exact.lse
-    v_max = max(1.0, float(np.abs(np.nan_to_num(case.v.astype(np.float64))).max()))
+    v_max = max_abs_v(case)
     np.testing.assert_allclose(result.o, o_ref, rtol=0, atol=rel * v_max)
     assert np.array_equal(np.isneginf(result.lse), np.isneginf(lse_ref))
     finite = np.isfinite(lse_ref)
@@ -76,21 +56,27 @@ def assert_matches_reference(result, case: AttentionCase, rel: float = 1e-12) ->
     )
 
 
-@given(small_cases(), blocks, st.booleans())
+@given(benign_cases, blocks, st.booleans())
 def test_float64_matches_exact_tier(case, block, reverse):
     result = streaming_attention(case, block_m=block[0], block_n=block[1], reverse_kv_order=reverse)
     assert np.isfinite(result.o).all()
     assert_matches_reference(result, case)
 
 
-@given(small_cases(), blocks, blocks)
+def assert_same_float64_result(got, ref, case: AttentionCase, rel: float = 1e-12) -> None:
+    """Two float64-mode results: O within ``rel * max|V|``, LSE within ``rel * max(1, |lse|)``."""
+    np.testing.assert_allclose(got.o, ref.o, rtol=0, atol=rel * max_abs_v(case))
+    assert np.array_equal(np.isneginf(got.lse), np.isneginf(ref.lse))
+    finite = np.isfinite(ref.lse)
+    lse_scale = np.abs(ref.lse[finite]).max(initial=1)
+    np.testing.assert_allclose(got.lse[finite], ref.lse[finite], rtol=0, atol=rel * lse_scale)
+
+
+@given(benign_cases, blocks, blocks)
 def test_float64_independent_of_blocks_and_kv_order(case, block_a, block_b):
     a = streaming_attention(case, block_m=block_a[0], block_n=block_a[1])
     b = streaming_attention(case, block_m=block_b[0], block_n=block_b[1], reverse_kv_order=True)
-    np.testing.assert_allclose(
-        a.o, b.o, rtol=0, atol=1e-13 * max(1, np.nanmax(np.abs(case.v.astype(float)), initial=0))
-    )
-    np.testing.assert_allclose(a.lse, b.lse, rtol=1e-13)
+    assert_same_float64_result(b, a, case)
 
 
 def ramp_case(Sk: int, softmax_scale: float) -> AttentionCase:
@@ -132,7 +118,7 @@ def test_threshold_keeps_stale_max_on_a_gentle_ramp():
     assert (stale.rescales + stale.skipped_rescales == n_blocks - 1).all()
 
 
-@given(small_cases(), st.floats(0, 20), blocks)
+@given(benign_cases, st.floats(0, 20), blocks)
 def test_threshold_is_exact_and_only_drops_rescales(case, threshold, block):
     kwargs = dict(block_m=block[0], block_n=block[1])
     exact, stale = RescaleTrace(), RescaleTrace()
@@ -154,12 +140,13 @@ def test_threshold_is_exact_and_only_drops_rescales(case, threshold, block):
 
 
 @given(
-    small_cases(dtypes=("float16", "bfloat16")),
+    attention_cases(max_len=20, dtypes=("float16", "bfloat16")),
     st.booleans(),
-    st.sampled_from([None, "float16", "bfloat16", "float32"]),
+    st.sampled_from([None, "float32", "input dtype"]),
     blocks,
 )
 def test_emulated_outputs_are_values_of_the_output_dtype(case, rounded_sum, output, block):
+    output = case.dtype if output == "input dtype" else output
     precision = dataclasses.replace(
         StreamingPrecision.flash_attention(case.dtype),
         row_sum_from_rounded_p=rounded_sum,
@@ -215,12 +202,18 @@ def test_empty_rows_give_zero_output_and_minus_inf_lse(Sq, Sk, mask, precision):
     assert (trace.rescales[empty] == 0).all()
 
 
-@given(small_cases(), blocks, st.sampled_from(["float64", "bfloat16", "float16"]))
+@given(
+    attention_cases(max_len=20, distributions=["nonfinite_padding"]),
+    blocks,
+    st.sampled_from(["float64", "bfloat16", "float16"]),
+)
 def test_nan_in_padding_never_leaks(case, block, chain):
-    """The generated padding holds NaN; zero padding must give bit-identical results."""
+    """Padding holds NaN/Inf; with zeros there instead the results must be bit-identical."""
     precision = FLOAT64 if chain == "float64" else StreamingPrecision.flash_attention(chain)
     zeroed = AttentionCase(
-        *(np.nan_to_num(getattr(case, x)) for x in "qkv"), case.softmax_scale, case.mask
+        *(np.where(np.isfinite(x), x, 0) for x in (case.q, case.k, case.v)),
+        case.softmax_scale,
+        case.mask,
     )
     kwargs = dict(block_m=block[0], block_n=block[1])
     got, ref = (
