@@ -21,7 +21,7 @@ from report import configs as report_configs
 from report.cli import main
 from report.configs import Config, load_config_file, preset, sampled_configs
 from report.diff import diff_records, load_records
-from report.runner import RunOptions, record_key
+from report.runner import Kernel, RunOptions, record_key
 from report.schema import _errors, load_schema, validate
 from report.session import run_report
 
@@ -121,13 +121,15 @@ def test_schema_rejects_a_broken_report(tiny_report):
 def test_resume_skips_finished_configs(tmp_path):
     configs = preset("tiny")
     first = Counting(resolve("streaming-fa"))
-    run_report(configs[:1], [("counted", first)], FAST, tmp_path, progress=False, html=False)
+    run_report(configs[:1], [Kernel("counted", first)], FAST, tmp_path, progress=False, html=False)
     assert len(first.calls) == FAST.repeats
     # An interrupted append leaves a torn line: it is ignored, and the next record starts clean.
     with (tmp_path / "records.jsonl").open("a") as stream:
         stream.write('{"key": "torn')
     second = Counting(resolve("streaming-fa"))
-    report = run_report(configs, [("counted", second)], FAST, tmp_path, progress=False, html=False)
+    report = run_report(
+        configs, [Kernel("counted", second)], FAST, tmp_path, progress=False, html=False
+    )
     assert second.calls == [f"report:{configs[1].name}"] * FAST.repeats
     assert report["resumed_records"] == 1 and report["summary"]["records"] == 2
     assert report["exact_cache"] == {"hits": 0, "misses": 1}
@@ -135,7 +137,7 @@ def test_resume_skips_finished_configs(tmp_path):
     third = Counting(resolve("streaming-fa"))
     report = run_report(
         configs,
-        [("counted", third)],
+        [Kernel("counted", third)],
         RunOptions(rows=8, repeats=1),
         tmp_path,
         progress=False,
@@ -150,7 +152,10 @@ def test_resume_skips_finished_configs(tmp_path):
 
 
 def test_triage_separates_kernel_bug_from_reference_and_records_errors(tmp_path):
-    kernels = [("perturbed", Perturbed(resolve("streaming-fa"))), ("raising", Raising())]
+    kernels = [
+        Kernel("perturbed", Perturbed(resolve("streaming-fa"))),
+        Kernel("raising", Raising()),
+    ]
     config = Config("bfloat16", 64, 40, 70, name="triage")
     report = run_report([config], kernels, FAST, tmp_path, progress=False, html=False)
     perturbed, raising = report["records"]

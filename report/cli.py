@@ -64,7 +64,7 @@ def _run_parser() -> argparse.ArgumentParser:
     parser.add_argument("--sample-seed", type=int, default=0, help="seed of --sample (default 0)")
     parser.add_argument("--only", metavar="TEXT", help="keep configs whose name contains TEXT")
     parser.add_argument(
-        "--rows", type=int, default=16, help="rows per case for the exact tier (default 16)"
+        "--rows", type=int, default=32, help="rows per case for the exact tier (default 32)"
     )
     parser.add_argument(
         "--prec-bits", type=int, default=128, help="exact-tier precision (default 128)"
@@ -77,6 +77,18 @@ def _run_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--out", default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})"
+    )
+    parser.add_argument(
+        "--isolate",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="run kernels in a worker process that may crash or hang (auto: CUDA kernels)",
+    )
+    parser.add_argument(
+        "--kernel-timeout",
+        type=float,
+        default=300.0,
+        help="seconds per kernel call when isolated (default 300)",
     )
     parser.add_argument(
         "--fresh", action="store_true", help="discard finished records in --out instead of resuming"
@@ -122,7 +134,7 @@ def _configs(args: argparse.Namespace, kernels: list) -> list:
     if args.config_file:
         configs = load_config_file(args.config_file)
     elif args.sample is not None:
-        configs = sampled_configs(args.sample, args.sample_seed, spec=kernels[0][1].spec)
+        configs = sampled_configs(args.sample, args.sample_seed, spec=kernels[0].spec)
     else:
         configs = preset(args.preset or "default")
     if args.only:
@@ -153,7 +165,9 @@ def run_main(argv: Sequence[str]) -> int:
         prec_bits=args.prec_bits,
         repeats=args.repeats,
     )
-    kernels = resolve_kernels(args.kernel or ["streaming-fa"])
+    kernels = resolve_kernels(
+        args.kernel or ["streaming-fa"], isolate=args.isolate, timeout_s=args.kernel_timeout
+    )
     configs = _configs(args, kernels)
     if args.fresh:
         for name in ("records.jsonl", "report.json", "report.md", "report.html"):
@@ -168,9 +182,12 @@ def run_main(argv: Sequence[str]) -> int:
         command=["attention-report", *argv],
     )
     verdicts = report["summary"]["verdicts"]
+    written = [
+        n for n in ("report.json", "report.md", "report.html") if (Path(args.out) / n).exists()
+    ]
     print(
         f"attention-report: {report['summary']['records']} records {verdicts} in "
-        f"{report['elapsed_s']:.1f} s -> {args.out}/report.{{json,md,html}}"
+        f"{report['elapsed_s']:.1f} s -> {args.out}/ ({', '.join(written)})"
     )
     return 1 if args.strict and (verdicts.get("fail") or verdicts.get("error")) else 0
 

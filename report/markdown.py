@@ -65,10 +65,12 @@ def row_cells(record: dict) -> list[str]:
         for p in PAIR_SHORT
     )
     worst_at = f"({worst['row']}, {worst['col']})" if worst else "-"
+    verdict = record["verdict"].upper() if record["verdict"] == "fail" else record["verdict"]
+    checks = sorted({f["check"] for f in record.get("findings", [])})
     return [
         config,
         kernel,
-        record["verdict"].upper() if record["verdict"] == "fail" else record["verdict"],
+        f"{verdict} ({', '.join(checks)})" if checks else verdict,
         fmt(pair["max_abs"]),
         fmt(pair["max_rel"]),
         fmt(pair["max_ulp"]),

@@ -52,7 +52,7 @@ class RunOptions:
     """
 
     tiers: tuple[str, ...] = TIERS
-    rows: int = 16
+    rows: int = 32
     prec_bits: int = 128
     repeats: int = 2
     row_seed: int = 0
@@ -134,42 +134,64 @@ def record_key(config, kernel: str, options: RunOptions) -> str:
     return f"{config.name}|{config.digest}|{kernel}|{options.digest}"
 
 
-def evaluate(config, kernels: Sequence[tuple[str, object]], options: RunOptions, cache: ExactCache):
-    """Records (dicts, schema in report/schema.json) of ``config`` for each ``(name, adapter)``."""
+@dataclass
+class Kernel:
+    """A kernel under test: its report name, adapter, and the isolated worker that runs it
+    (``kernel.harness.IsolatedKernel``: crashes and hangs become findings), or None to run it
+    in this process."""
+
+    name: str
+    adapter: object
+    isolated: object | None = None
+
+    @property
+    def spec(self):
+        return self.adapter.spec
+
+
+def evaluate(
+    config, kernels: Sequence[Kernel], options: RunOptions, cache: ExactCache
+) -> list[dict]:
+    """Records (dicts, schema in report/schema.json) of ``config``, one per kernel."""
     start = time.perf_counter()
     try:
         case = config.build()
     except ValueError as error:
-        return [
-            _failed_record(config, name, adapter, options, "error", f"build: {error}")
-            for name, adapter in kernels
-        ]
+        return [_failed_record(config, k, options, "error", f"build: {error}") for k in kernels]
     context = _CaseContext(case, options, cache)
     context.timings["build_s"] = time.perf_counter() - start
-    records = []
-    for name, adapter in kernels:
-        reason = adapter.spec.unsupported(case)
-        if reason is not None:
-            records.append(_failed_record(config, name, adapter, options, "unsupported", reason))
-            continue
-        records.append(_evaluate_kernel(config, case, name, adapter, options, context))
-    return records
+    return [_evaluate_kernel(config, case, kernel, options, context) for kernel in kernels]
 
 
-def _evaluate_kernel(config, case, name, adapter, options, context: _CaseContext) -> dict:
+def _run(kernel: Kernel, case: AttentionCase, options: RunOptions):
+    """The harness verdict (defensive checks, declared conventions translated), or the
+    exception text when an in-process kernel raised."""
+    from kernel.harness import run_case
+
+    try:
+        return run_case(
+            kernel.adapter, case, isolated=kernel.isolated, repeats=options.repeats, compare=False
+        )
+    except Exception as error:  # an in-process kernel's exception is a finding, not a crash
+        return f"{type(error).__name__}: {error}"
+
+
+def _evaluate_kernel(config, case, kernel: Kernel, options, context: _CaseContext) -> dict:
     from reference.compare import compare
 
-    spec = adapter.spec
+    spec = kernel.spec
+    verdict = _run(kernel, case, options)
+    if isinstance(verdict, str):
+        return _failed_record(config, kernel, options, "error", verdict)
+    if verdict.skipped is not None:
+        return _failed_record(config, kernel, options, "unsupported", verdict.skipped)
+    findings = [{"check": f.check, "message": f.message} for f in verdict.findings]
+    if verdict.result is None:
+        message = "; ".join(f"{f['check']}: {f['message']}" for f in findings)
+        return _failed_record(config, kernel, options, "error", message, findings)
+    actual = verdict.result
     precision = spec.precision_for(case.dtype)
     output_dtype = precision.output_dtype or precision.accum_dtype
-    kernel_start = time.perf_counter()
-    try:
-        outputs = [adapter(case) for _ in range(options.repeats)]
-    except Exception as error:  # a failing kernel is a finding, not a crash of the report
-        message = f"{type(error).__name__}: {error}"
-        return _failed_record(config, name, adapter, options, "error", message)
-    kernel_s = time.perf_counter() - kernel_start
-    actual = outputs[0]
     bound, lse_bound = context.bounds(precision, spec.tile_n)
     streamed, trace = context.streaming(precision, spec.tile_m, spec.tile_n)
     exact = context.exact() if "exact" in options.tiers else None
@@ -192,17 +214,18 @@ def _evaluate_kernel(config, case, name, adapter, options, context: _CaseContext
             output_dtype=output_dtype,
             rows=pair_rows,
         )
-        pairs[pair] = {**report.to_dict(), "bound_scale": PAIR_BOUND_SCALE[pair]}
+        pairs[pair] = {**report.to_dict(), "bound_scale": scale}
     primary = "kernel_vs_exact" if "kernel_vs_exact" in pairs else "kernel_vs_streaming"
-    determinism = _determinism(outputs, spec.deterministic)
-    passed = all(p["passed"] for p in pairs.values()) and determinism["ok"]
+    checked = options.repeats > 1 and spec.deterministic and "determinism" in verdict.applied
+    differs = verdict.failed("determinism")
+    passed = all(p["passed"] for p in pairs.values()) and not findings
     reference64 = context.float64()
     return _clean(
         {
-            "key": record_key(config, name, options),
+            "key": record_key(config, kernel.name, options),
             "config": config.fields(),
             "case": case.describe(),
-            "kernel": _kernel_info(name, adapter),
+            "kernel": _kernel_info(kernel),
             "status": "ok",
             "message": None,
             "verdict": "pass" if passed else "fail",
@@ -210,63 +233,43 @@ def _evaluate_kernel(config, case, name, adapter, options, context: _CaseContext
             "pairs": pairs,
             "primary_pair": primary,
             "worst": _worst_story(case, pairs[primary], trace),
-            "determinism": determinism,
+            "determinism": {"checked": checked, "bitwise_equal": not differs if checked else None},
+            "findings": findings,
+            "declared": list(verdict.declared),
             "histogram": _histogram(actual, exact, rows, reference64, bound),
             "row_profile": _row_profile(actual, reference64, bound),
-            "timing": {**context.timings, "kernel_s": kernel_s / options.repeats},
+            "timing": {**context.timings, "kernel_s": verdict.seconds / options.repeats},
         }
     )
 
 
-def _failed_record(config, name, adapter, options, status: str, message: str) -> dict:
+def _failed_record(config, kernel: Kernel, options, status: str, message: str, findings=()) -> dict:
     return _clean(
         {
-            "key": record_key(config, name, options),
+            "key": record_key(config, kernel.name, options),
             "config": config.fields(),
             "case": None,
-            "kernel": _kernel_info(name, adapter),
+            "kernel": _kernel_info(kernel),
             "status": status,
             "message": message,
             "verdict": "error" if status == "error" else "unsupported",
             "pairs": {},
+            "findings": list(findings),
         }
     )
 
 
-def _kernel_info(name: str, adapter) -> dict:
-    spec = adapter.spec
+def _kernel_info(kernel: Kernel) -> dict:
+    spec = kernel.spec
     return {
-        "name": name,
+        "name": kernel.name,
         "spec_name": spec.name,
         "device": spec.device,
+        "isolated": kernel.isolated is not None,
         "tile_m": spec.tile_m,
         "tile_n": spec.tile_n,
         "deterministic": spec.deterministic,
         "returns_lse": spec.returns_lse,
-    }
-
-
-def _determinism(outputs: list[AttentionResult], declared: bool) -> dict:
-    """Bitwise comparison of repeated runs (NaN equal to NaN); only failing when declared."""
-    if len(outputs) < 2:
-        return {"checked": False, "bitwise_equal": None, "max_abs_diff": None, "ok": True}
-    first = outputs[0]
-    equal, diff = True, 0.0
-    for other in outputs[1:]:
-        for a, b in ((first.o, other.o), (first.lse, other.lse)):
-            if a is None or b is None:
-                continue
-            same = np.array_equal(a, b, equal_nan=True)
-            equal &= same
-            if not same:
-                with np.errstate(invalid="ignore"):
-                    delta = np.abs(np.asarray(a) - np.asarray(b))
-                diff = max(diff, float(np.nanmax(delta)) if np.isfinite(delta).any() else math.inf)
-    return {
-        "checked": True,
-        "bitwise_equal": equal,
-        "max_abs_diff": diff,
-        "ok": equal or not declared,
     }
 
 

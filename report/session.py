@@ -24,22 +24,36 @@ from pathlib import Path
 import numpy as np
 
 from report.cache import ExactCache
-from report.runner import RecordLog, RunOptions, evaluate, record_key
+from report.runner import Kernel, RecordLog, RunOptions, evaluate, record_key
 from report.schema import SCHEMA_VERSION, validate
 
 
-def resolve_kernels(names: Sequence[str]) -> list[tuple[str, object]]:
-    """``(name, adapter)`` for each built-in name or dotted path, in order, without repeats."""
+def resolve_kernels(
+    names: Sequence[str], *, isolate: str = "auto", timeout_s: float = 300.0
+) -> list[Kernel]:
+    """A :class:`~report.runner.Kernel` per built-in name or dotted path, in order.
+
+    ``isolate``: ``auto`` runs CUDA kernels in an isolated worker process (a crash or hang is
+    a finding and a fresh worker continues) and CPU kernels in process; ``always`` / ``never``.
+    """
+    from kernel.harness import IsolatedKernel
     from kernel.registry import resolve
 
     if len(set(names)) != len(names):
         raise ValueError(f"kernels={list(names)} must not repeat a kernel")
-    return [(name, resolve(name)) for name in names]
+    if isolate not in ("auto", "always", "never"):
+        raise ValueError(f"isolate={isolate!r} must be 'auto', 'always' or 'never'")
+    kernels = []
+    for name in names:
+        adapter = resolve(name)
+        wanted = isolate == "always" or (isolate == "auto" and adapter.spec.device == "cuda")
+        kernels.append(Kernel(name, adapter, IsolatedKernel(name, timeout_s) if wanted else None))
+    return kernels
 
 
 def run_report(
     configs: Sequence,
-    kernels: Sequence[tuple[str, object]],
+    kernels: Sequence[Kernel],
     options: RunOptions,
     out_dir: str | Path,
     *,
@@ -58,26 +72,31 @@ def run_report(
     start = time.perf_counter()
     reused = 0
     bar = _progress(len(configs) * len(kernels), progress)
-    for config in configs:
-        todo = [(n, a) for n, a in kernels if record_key(config, n, options) not in done]
-        reused += len(kernels) - len(todo)
-        bar.update(len(kernels) - len(todo))
-        if not todo:
-            continue
-        bar.set_postfix_str(config.name)
-        records = evaluate(config, todo, options, cache)
-        log.append(records)
-        done.update((r["key"], r) for r in records)
-        bar.update(len(todo))
-    bar.close()
-    records = [done[record_key(c, n, options)] for c in configs for n, _ in kernels]
+    try:
+        for config in configs:
+            todo = [k for k in kernels if record_key(config, k.name, options) not in done]
+            reused += len(kernels) - len(todo)
+            bar.update(len(kernels) - len(todo))
+            if not todo:
+                continue
+            bar.set_postfix_str(config.name)
+            records = evaluate(config, todo, options, cache)
+            log.append(records)
+            done.update((r["key"], r) for r in records)
+            bar.update(len(todo))
+    finally:
+        bar.close()
+        for kernel in kernels:
+            if kernel.isolated is not None:
+                kernel.isolated.close()
+    records = [done[record_key(c, k.name, options)] for c in configs for k in kernels]
     report = {
         "schema_version": SCHEMA_VERSION,
         "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": list(command) if command is not None else sys.argv,
-        "machine": machine_info(any(a.spec.device == "cuda" for _, a in kernels)),
+        "machine": machine_info(any(k.spec.device == "cuda" for k in kernels)),
         "options": {**vars(options), "tiers": list(options.tiers)},
-        "kernels": [name for name, _ in kernels],
+        "kernels": [k.name for k in kernels],
         "elapsed_s": round(time.perf_counter() - start, 3),
         "resumed_records": reused,
         "exact_cache": {"hits": cache.hits, "misses": cache.misses},
