@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from properties.strategies import attention_cases
 from reference.case import INPUT_DTYPES, AttentionCase, CausalAlignment, Mask
 from reference.masks import visible_all
 from reference.precision import StreamingPrecision
@@ -139,13 +140,13 @@ def test_output_is_linear_in_v(shape, data, block, a, b):
 
 
 @pytest.mark.parametrize("precision", PRECISIONS, ids=["float64", "bf16-chain"])
-@given(shapes(), st.data(), blocks)
-def test_gqa_equals_repeated_kv_heads(precision, shape, data, block):
-    q, k, v = (shape.normal(S, H, D) for S, H, D in _qkv_dims(shape))
-    mask = data.draw(masks(shape))
-    grouped = attend(AttentionCase(q, k, v, mask=mask), block, precision)
-    k_rep, v_rep = (np.repeat(x, shape.group, axis=2) for x in (k, v))
-    repeated = attend(AttentionCase(q, k_rep, v_rep, mask=mask), block, precision)
+@given(attention_cases(max_len=16, max_heads=4), blocks)
+def test_gqa_equals_repeated_kv_heads(precision, case, block):
+    grouped = attend(case, block, precision)
+    k_rep, v_rep = (np.repeat(x, case.group_size, axis=2) for x in (case.k, case.v))
+    repeated = attend(
+        AttentionCase(case.q, k_rep, v_rep, case.softmax_scale, case.mask), block, precision
+    )
     assert np.array_equal(grouped.o, repeated.o) and np.array_equal(grouped.lse, repeated.lse)
 
 
