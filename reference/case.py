@@ -61,6 +61,8 @@ class Mask:
     def __post_init__(self) -> None:
         if not isinstance(self.alignment, CausalAlignment):
             raise ValueError(f"mask.alignment={self.alignment!r} must be a CausalAlignment")
+        if not isinstance(self.causal, (bool, np.bool_)):
+            raise ValueError(f"mask.causal={self.causal!r} must be a bool")
         for name in ("window_left", "window_right"):
             value = getattr(self, name)
             if value is not None and (not _is_int(value) or value < 0):
@@ -69,7 +71,7 @@ class Mask:
             value = getattr(self, name)
             if value is None:
                 continue
-            lengths = tuple(value)
+            lengths = tuple(value) if isinstance(value, (tuple, list, np.ndarray)) else (None,)
             if not all(_is_int(n) and n >= 0 for n in lengths):
                 raise ValueError(f"mask.{name}={value!r} must be a sequence of ints >= 0")
             object.__setattr__(self, name, tuple(int(n) for n in lengths))
@@ -188,9 +190,10 @@ class AttentionCase:
             return
         if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating)):
             raise ValueError(f"softmax_scale={scale!r} must be a float")
-        if not (math.isfinite(scale) and scale > 0):
+        value = float(scale) if abs(scale) < 2.0**1024 else math.inf  # huge ints: no OverflowError
+        if not (math.isfinite(value) and value > 0):
             raise ValueError(f"softmax_scale={scale!r} must be finite and > 0")
-        object.__setattr__(self, "softmax_scale", float(scale))
+        object.__setattr__(self, "softmax_scale", value)
 
     def _check_mask(self) -> None:
         mask = self.mask
