@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
-from reference.case import dtype_name
+from reference.case import INPUT_DTYPES, dtype_name
 
 _ROUNDING_DTYPES = {
     "float16": np.dtype(np.float16),
@@ -79,8 +79,17 @@ class StreamingPrecision:
                 raise ValueError(f"{name}={value!r} must be 'float32' or 'float64'")
         if self.p_dtype is not None and self.p_dtype not in ("float16", "bfloat16"):
             raise ValueError(f"p_dtype={self.p_dtype!r} must be None, 'float16' or 'bfloat16'")
-        if self.output_dtype is not None:
-            dtype_name(self.output_dtype)
+        if self.output_dtype is not None and self.output_dtype not in tuple(INPUT_DTYPES):
+            raise ValueError(
+                f"output_dtype={self.output_dtype!r} must be None or one of {sorted(INPUT_DTYPES)}"
+            )
+        if not isinstance(self.row_sum_from_rounded_p, (bool, np.bool_)):
+            raise ValueError(
+                f"row_sum_from_rounded_p={self.row_sum_from_rounded_p!r} must be a bool"
+            )
+        threshold = self.rescale_threshold_log2
+        if isinstance(threshold, bool) or not isinstance(threshold, (int, float, np.floating)):
+            raise ValueError(f"rescale_threshold_log2={threshold!r} must be a float >= 0")
         if not self.rescale_threshold_log2 >= 0:
             raise ValueError(f"rescale_threshold_log2={self.rescale_threshold_log2!r} must be >= 0")
 
