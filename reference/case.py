@@ -190,7 +190,10 @@ class AttentionCase:
             return
         if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating)):
             raise ValueError(f"softmax_scale={scale!r} must be a float")
-        value = float(scale) if abs(scale) < 2.0**1024 else math.inf  # huge ints: no OverflowError
+        try:
+            value = float(scale)
+        except OverflowError:  # an int beyond the float range
+            value = math.inf
         if not (math.isfinite(value) and value > 0):
             raise ValueError(f"softmax_scale={scale!r} must be finite and > 0")
         object.__setattr__(self, "softmax_scale", value)
