@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+import numpy as np
+
 from reference.case import INPUT_DTYPES, AttentionCase, AttentionResult, CausalAlignment
 from reference.precision import StreamingPrecision
 
@@ -65,12 +67,16 @@ class KernelSpec:
                 f"spec.mask_kinds={sorted(self.mask_kinds)} must be a subset of "
                 f"{sorted(MASK_KINDS)}"
             )
-        if not self.head_dims or min(self.head_dims) < 1:
+        for name in ("head_dims", "head_dims_v"):
+            dims = getattr(self, name)
+            if dims is None and name == "head_dims_v":
+                continue
+            if not dims or not all(_is_positive_int(d) for d in dims):
+                raise ValueError(f"spec.{name}={dims!r} must be a non-empty set of ints >= 1")
+        if not (_is_positive_int(self.tile_m) and _is_positive_int(self.tile_n)):
             raise ValueError(
-                f"spec.head_dims={sorted(self.head_dims)} must be non-empty positive ints"
+                f"spec.tile_m={self.tile_m!r}, tile_n={self.tile_n!r} must be ints >= 1"
             )
-        if min(self.tile_m, self.tile_n) < 1:
-            raise ValueError(f"spec.tile_m={self.tile_m}, tile_n={self.tile_n} must be >= 1")
         if self.empty_rows not in ("zero", "nan"):
             raise ValueError(f"spec.empty_rows={self.empty_rows!r} must be 'zero' or 'nan'")
         if self.padded_rows not in ("zero", "unwritten"):
@@ -110,6 +116,10 @@ class KernelSpec:
 
     def supports(self, case: AttentionCase) -> bool:
         return self.unsupported(case) is None
+
+
+def _is_positive_int(value: object) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 1
 
 
 def _alignments_agree(case: AttentionCase) -> bool:
