@@ -30,6 +30,7 @@ from reference.masks import visible
 from reference.precision import StreamingPrecision
 from reference.streaming import RescaleTrace, streaming_attention
 from report.cache import ExactCache
+from report.subset import RowSubset
 
 TIERS = ("exact", "streaming")
 PAIRS = ("kernel_vs_exact", "kernel_vs_streaming", "streaming_vs_exact")
@@ -49,6 +50,8 @@ class RunOptions:
     * ``rows``: query rows sampled per case for the exact tier (``reference.exact.sample_rows``).
     * ``prec_bits``: the exact tier's working precision.
     * ``repeats``: kernel runs per case; > 1 checks bitwise determinism.
+    * ``dense_limit``: above ``B*Hq*Sq*Sk*(D+Dv)`` multiply-adds, the float64 and streaming
+      results and the bound cover only the exact rows plus ``subset_rows`` evenly spaced rows.
     """
 
     tiers: tuple[str, ...] = TIERS
@@ -56,6 +59,8 @@ class RunOptions:
     prec_bits: int = 128
     repeats: int = 2
     row_seed: int = 0
+    dense_limit: int = 1 << 31
+    subset_rows: int = 256
 
     def __post_init__(self) -> None:
         if not self.tiers or set(self.tiers) - set(TIERS):
@@ -74,7 +79,12 @@ class RunOptions:
 
 @dataclass
 class _CaseContext:
-    """What every kernel of one config shares: the case and its tier results, computed lazily."""
+    """What every kernel of one config shares: the case and its tier results, computed lazily.
+
+    Cases above ``options.dense_limit`` multiply-adds get the float64 result, the streaming
+    emulation and the bound on a row subset only (:mod:`report.subset`): the exact tier's
+    sampled rows plus ``options.subset_rows`` evenly spaced ones.
+    """
 
     case: AttentionCase
     options: RunOptions
@@ -101,30 +111,71 @@ class _CaseContext:
         compute = lambda: self.exact_cache.get(self.case, self.rows(), self.options.prec_bits)  # noqa: E731
         return self._timed("exact", "exact_s", compute)
 
-    def float64(self) -> AttentionResult:
-        compute = lambda: streaming_attention(self.case, StreamingPrecision.float64())  # noqa: E731
+    def subset(self) -> RowSubset | None:
+        """The evaluated row subset, or None when every row is evaluated."""
+        case = self.case
+        work = case.B * case.Hq * case.Sq * case.Sk * (case.D + case.Dv)
+        if work <= self.options.dense_limit:
+            return None
+
+        def compute():
+            spread = np.linspace(0, case.Sq - 1, min(self.options.subset_rows, case.Sq))
+            sampled = np.flatnonzero(self.rows().any(axis=(0, 1)))
+            return RowSubset.of(case, np.concatenate([spread.round().astype(int), sampled]))
+
+        return self._timed("subset", "streaming_s", compute)
+
+    def evaluated_rows(self) -> np.ndarray | None:
+        """Bool ``[B, Hq, Sq]`` of the rows the float64/streaming results cover (None: all)."""
+        subset = self.subset()
+        return None if subset is None else subset.row_mask()
+
+    def _evaluated_case(self) -> AttentionCase:
+        subset = self.subset()
+        return self.case if subset is None else subset.case
+
+    def _on_rows(self, result: AttentionResult) -> AttentionResult:
+        subset = self.subset()
+        return result if subset is None else subset.scatter(result)
+
+    def _float64_evaluated(self) -> AttentionResult:
+        compute = lambda: streaming_attention(self._evaluated_case(), StreamingPrecision.float64())  # noqa: E731
         return self._timed("float64", "streaming_s", compute)
 
+    def float64(self) -> AttentionResult:
+        """float64 streaming result, full shape (NaN on rows not evaluated)."""
+        return self._on_rows(self._float64_evaluated())
+
     def streaming(self, precision: StreamingPrecision, tile_m: int, tile_n: int):
+        """The emulated result and a ``row -> (b, h, i) rescale count`` reader of its trace."""
+
         def compute():
             trace = RescaleTrace()
             result = streaming_attention(
-                self.case, precision, block_m=tile_m, block_n=tile_n, trace=trace
+                self._evaluated_case(), precision, block_m=tile_m, block_n=tile_n, trace=trace
             )
-            return result, trace
+            subset = self.subset()
+            index = (lambda i: i) if subset is None else subset.index
+            return self._on_rows(result), lambda b, h, i: (
+                int(trace.rescales[b, h, index(i)]),
+                int(trace.visible_blocks[b, h, index(i)]),
+            )
 
         return self._timed(("streaming", precision, tile_m, tile_n), "streaming_s", compute)
 
     def bounds(self, precision: StreamingPrecision, tile_n: int) -> tuple[np.ndarray, np.ndarray]:
-        """Derived bounds on O ``[B, Sq, Hq, Dv]`` and on the LSE ``[B, Hq, Sq]``."""
+        """Derived bounds on O ``[B, Sq, Hq, Dv]`` and on the LSE ``[B, Hq, Sq]`` (NaN on rows
+        not evaluated)."""
         from reference.bounds import error_bound, lse_error_bound
 
         def compute():
-            reference = self.float64()
-            return (
-                error_bound(self.case, reference, precision, block_n=tile_n),
-                lse_error_bound(self.case, reference, precision, block_n=tile_n),
-            )
+            case, reference = self._evaluated_case(), self._float64_evaluated()
+            bound = error_bound(case, reference, precision, block_n=tile_n)
+            lse_bound = lse_error_bound(case, reference, precision, block_n=tile_n)
+            subset = self.subset()
+            if subset is None:
+                return bound, lse_bound
+            return subset.scatter_o(bound), subset.scatter_rows(lse_bound)
 
         return self._timed(("bound", precision, tile_n), "bound_s", compute)
 
@@ -193,12 +244,16 @@ def _evaluate_kernel(config, case, kernel: Kernel, options, context: _CaseContex
     precision = spec.precision_for(case.dtype)
     output_dtype = precision.output_dtype or precision.accum_dtype
     bound, lse_bound = context.bounds(precision, spec.tile_n)
-    streamed, trace = context.streaming(precision, spec.tile_m, spec.tile_n)
+    streamed, rescales = context.streaming(precision, spec.tile_m, spec.tile_n)
     exact = context.exact() if "exact" in options.tiers else None
     rows = context.rows() if exact is not None else None
     references = {
         "kernel_vs_exact": (actual, exact, rows),
-        "kernel_vs_streaming": (actual, streamed if "streaming" in options.tiers else None, None),
+        "kernel_vs_streaming": (
+            actual,
+            streamed if "streaming" in options.tiers else None,
+            context.evaluated_rows(),
+        ),
         "streaming_vs_exact": (streamed, exact, rows),
     }
     pairs = {}
@@ -232,7 +287,7 @@ def _evaluate_kernel(config, case, kernel: Kernel, options, context: _CaseContex
             "output_dtype": output_dtype,
             "pairs": pairs,
             "primary_pair": primary,
-            "worst": _worst_story(case, pairs[primary], trace),
+            "worst": _worst_story(case, pairs[primary], rescales),
             "determinism": {"checked": checked, "bitwise_equal": not differs if checked else None},
             "findings": findings,
             "declared": list(verdict.declared),
@@ -273,7 +328,7 @@ def _kernel_info(kernel: Kernel) -> dict:
     }
 
 
-def _worst_story(case: AttentionCase, pair: dict, trace: RescaleTrace) -> dict | None:
+def _worst_story(case: AttentionCase, pair: dict, rescales: Callable) -> dict | None:
     """The worst element's position and what its row went through: the row's largest scaled
     score, how often the streaming max was rescaled, how many K blocks it saw."""
     index = pair.get("worst_index")
@@ -281,8 +336,12 @@ def _worst_story(case: AttentionCase, pair: dict, trace: RescaleTrace) -> dict |
         return None
     b, i, h, c = (int(x) for x in index)
     seen = visible(case, b, h, [i])[0]
-    scores = case.q[b, i, h].astype(np.float64) @ case.k[b, :, case.kv_head(h)].astype(np.float64).T
+    with np.errstate(all="ignore"):  # padded keys may hold NaN/Inf; they are not `seen`
+        scores = (
+            case.q[b, i, h].astype(np.float64) @ case.k[b, :, case.kv_head(h)].astype(np.float64).T
+        )
     row_max = float(np.max(scores[seen]) * case.softmax_scale) if seen.any() else None
+    count, blocks = rescales(b, h, i)
     return {
         "b": b,
         "row": i,
@@ -290,16 +349,17 @@ def _worst_story(case: AttentionCase, pair: dict, trace: RescaleTrace) -> dict |
         "col": c,
         "row_max": row_max,
         "visible_keys": int(seen.sum()),
-        "rescales": int(trace.rescales[b, h, i]),
-        "visible_blocks": int(trace.visible_blocks[b, h, i]),
+        "rescales": count,
+        "visible_blocks": blocks,
     }
 
 
 def _fraction(actual: np.ndarray, reference: np.ndarray, bound: np.ndarray) -> np.ndarray:
-    """Elementwise |actual - reference| / bound for plots (0/0 = 0, x/0 = inf, NaN = inf)."""
+    """Elementwise |actual - reference| / bound for the plots (0/0 = 0, x/0 = inf, a NaN
+    actual = inf), NaN where the reference was not evaluated."""
     with np.errstate(invalid="ignore", divide="ignore"):
         error = np.abs(actual - reference)
-        error = np.where(np.isnan(error), np.inf, error)
+        error = np.where(np.isnan(error) & ~np.isnan(reference), np.inf, error)
         return np.where(error == 0, 0.0, error / bound)
 
 
@@ -312,8 +372,9 @@ def _histogram(actual, exact, rows, reference64, bound) -> dict:
         fraction = _fraction(actual.o, reference, bound)[selected]
         against = "exact (sampled rows)"
     else:
-        fraction = _fraction(actual.o, reference64.o, bound).ravel()
-        against = "float64 streaming (all rows)"
+        fraction = _fraction(actual.o, reference64.o, bound)
+        fraction = fraction[~np.isnan(fraction)]
+        against = "float64 streaming (evaluated rows)"
     zeros = int(np.sum(fraction == 0))
     finite = fraction[np.isfinite(fraction) & (fraction > 0)]
     edges = np.array(HIST_EDGES_LOG10)
@@ -329,8 +390,9 @@ def _histogram(actual, exact, rows, reference64, bound) -> dict:
 
 def _row_profile(actual: AttentionResult, reference64: AttentionResult, bound: np.ndarray) -> dict:
     """Max error / bound per query row against the float64 result (which agrees with exact to
-    ~1e-15, far below any 16-bit bound), binned to at most 64 row bins x 16 (batch, head) lines."""
-    per_row = np.max(_fraction(actual.o, reference64.o, bound), axis=-1, initial=0.0)  # [B, Sq, Hq]
+    ~1e-15, far below any 16-bit bound), binned to at most 64 row bins x 16 (batch, head) lines;
+    NaN where no row of a bin was evaluated."""
+    per_row = np.fmax.reduce(_fraction(actual.o, reference64.o, bound), axis=-1)  # [B, Sq, Hq]
     lines = np.transpose(per_row, (0, 2, 1)).reshape(-1, per_row.shape[1])  # [B*Hq, Sq]
     lines = _bin_max(_bin_max(lines, PROFILE_ROW_BINS, axis=1), PROFILE_HEADS, axis=0)
     return {
@@ -346,7 +408,7 @@ def _bin_max(array: np.ndarray, bins: int, axis: int) -> np.ndarray:
         return array
     edges = np.linspace(0, n, bins + 1).astype(int)
     parts = [
-        np.max(np.take(array, range(lo, hi), axis=axis), axis=axis)
+        np.fmax.reduce(np.take(array, range(lo, hi), axis=axis), axis=axis)  # NaN: not evaluated
         for lo, hi in zip(edges[:-1], edges[1:], strict=True)
     ]
     return np.stack(parts, axis=axis)
