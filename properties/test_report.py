@@ -29,12 +29,15 @@ pytestmark = pytest.mark.cpu
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = RunOptions(rows=8)
+SAME_BY_PATH = "kernel.adapters.streaming:create"
 
 
 @pytest.fixture(scope="module")
 def tiny_report(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("tiny")
-    assert main(["--preset", "tiny", "--rows", "8", "--out", str(out), "--no-progress"]) == 0
+    argv = ["--preset", "tiny", "--rows", "8", "--out", str(out), "--no-progress"]
+    # The same kernel twice, by name and by dotted path: two kernels give the comparison plot.
+    assert main([*argv, "--kernel", "streaming-fa", "--kernel", SAME_BY_PATH]) == 0
     return out
 
 
@@ -82,9 +85,10 @@ class Raising:
 def test_cli_default_kernel_writes_valid_json_markdown_html(tiny_report):
     report = json.loads((tiny_report / "report.json").read_text())
     validate(report)
-    assert report["kernels"] == ["streaming-fa"]
+    assert report["kernels"] == ["streaming-fa", SAME_BY_PATH]
     names = [c.name for c in preset("tiny")]
-    assert [r["config"]["name"] for r in report["records"]] == names
+    pairs = [(r["config"]["name"], r["kernel"]["name"]) for r in report["records"]]
+    assert pairs == [(n, k) for n in names for k in report["kernels"]]
     for record in report["records"]:
         assert record["verdict"] == "pass", record
         assert set(record["pairs"]) == {
@@ -97,12 +101,12 @@ def test_cli_default_kernel_writes_valid_json_markdown_html(tiny_report):
         assert record["worst"]["rescales"] >= 0
     markdown = (tiny_report / "report.md").read_text()
     table_rows = [
-        line for line in markdown.splitlines() if line.startswith("| ") and "streaming-fa" in line
+        line.split(" | ")[:2] for line in markdown.splitlines() if line.startswith("| bf16")
     ]
-    assert [row.split(" | ")[0].strip("| ") for row in table_rows] == names
+    assert [(name.strip("| "), kernel) for name, kernel in table_rows] == pairs
     pytest.importorskip("matplotlib")
     html = (tiny_report / "report.html").read_text()
-    assert html.count("<img class='plot'") >= 3 and "data:image/png;base64," in html
+    assert html.count("<img class='plot'") == 4 and "Kernel vs kernel" in html
 
 
 def test_schema_rejects_a_broken_report(tiny_report):
@@ -181,11 +185,9 @@ def test_diff_flags_regressions(tiny_report, tmp_path, capsys):
     new[0]["verdict"] = "fail"
     pair = new[1]["pairs"][new[1]["primary_pair"]]
     pair["max_bound_fraction"] = 0.9 if pair["max_bound_fraction"] < 0.5 else "inf"
-    changes = {(r["config"], r["change"]) for r in diff_records(old, new)}
-    assert changes == {
-        (old[0]["config"]["name"], "regression"),
-        (old[1]["config"]["name"], "regression"),
-    }
+    new[2]["pairs"][new[2]["primary_pair"]]["max_bound_fraction"] *= 1.01  # noise: not flagged
+    regressed = [r["kernel"] for r in diff_records(old, new) if r["change"] == "regression"]
+    assert regressed == [old[0]["kernel"]["name"], old[1]["kernel"]["name"]]
     assert {r["change"] for r in diff_records(old, old)} == {"same"}
     report = json.loads((tiny_report / "report.json").read_text())
     report["records"] = new

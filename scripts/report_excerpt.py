@@ -24,7 +24,7 @@ def _badness(record: dict) -> float:
     return as_float(record["pairs"][record["primary_pair"]]["max_bound_fraction"])
 
 
-def excerpt(report: dict, png_name: str, rows: int) -> str:
+def excerpt(report: dict, png_name: str, rows: int, note: str = "") -> str:
     records = sorted(report["records"], key=_badness, reverse=True)[:rows]
     command = " ".join(report.get("command", []))
     lines = [
@@ -33,6 +33,7 @@ def excerpt(report: dict, png_name: str, rows: int) -> str:
         f"Command: `{command}`",
         "",
         *[f"- {line}" for line in header_lines(report)],
+        *([f"- {note}"] if note else []),
         "",
         f"The {len(records)} records with the largest error/bound (of {len(report['records'])}):",
         "",
@@ -53,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("report", type=Path, help="report.json")
     parser.add_argument("stem", type=Path, help="output path without suffix (.md and .png)")
     parser.add_argument("--rows", type=int, default=12, help="table rows (default 12)")
+    parser.add_argument("--note", default="", help="one more provenance line (e.g. wall time)")
     args = parser.parse_args(argv)
     from report import plots
 
@@ -60,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     args.stem.parent.mkdir(parents=True, exist_ok=True)
     png = args.stem.with_suffix(".png")
     png.write_bytes(plots.error_vs_sk_and_distribution(report["records"]))
-    args.stem.with_suffix(".md").write_text(excerpt(report, png.name, args.rows))
+    args.stem.with_suffix(".md").write_text(excerpt(report, png.name, args.rows, args.note))
     print(f"report_excerpt: wrote {args.stem.with_suffix('.md')} and {png}")
     return 0
 
