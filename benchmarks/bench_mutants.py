@@ -1,0 +1,131 @@
+"""Which strategy catches which broken streaming tier, after how many examples and seconds.
+
+Run from the repository root: ``OPENBLAS_NUM_THREADS=1 python -m benchmarks.bench_mutants``.
+Uses the ``ci`` Hypothesis profile as registered in conftest.py (derandomized, so the numbers
+repeat), without the example database. Prints two Markdown tables for the README:
+
+1. every mutant hunted with ``attention_cases()`` (all distributions), shrinking included:
+   examples until the first counterexample, seconds to it, total seconds with shrinking, the
+   distribution / mask of the first and of the shrunk counterexample;
+2. mutant x mask kind, and 3. mutant x score distribution without masks: examples until
+   caught with only that strategy (no shrinking; ``-`` = survived max_examples).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+from pathlib import Path
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy (numerics.md 3.4)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from hypothesis import Phase, settings  # noqa: E402
+
+import conftest  # noqa: E402,F401  (registers the project's Hypothesis profiles)
+import reference.streaming  # noqa: E402
+from properties.mutants import MUTANTS, HuntResult, hunt, load_mutant  # noqa: E402
+from properties.strategies import DISTRIBUTIONS, REFERENCE_SPEC, attention_cases  # noqa: E402
+
+NO_SHRINK = (Phase.explicit, Phase.reuse, Phase.generate, Phase.target)
+
+
+def _field(label: str | None, name: str) -> str:
+    for part in (label or "").split():
+        if part.startswith(f"{name}="):
+            return part.removeprefix(f"{name}=")
+    return "-"
+
+
+def _hunt(attention, profile: settings, *, shrink: bool, **strategy_options) -> HuntResult:
+    phases = tuple(Phase) if shrink else NO_SHRINK
+    return hunt(
+        attention,
+        attention_cases(**strategy_options),
+        block_m=REFERENCE_SPEC.tile_m,
+        block_n=REFERENCE_SPEC.tile_n,
+        hypothesis_settings=settings(profile, database=None, phases=phases),
+    )
+
+
+def overall_table(profile: settings) -> list[str]:
+    rows = [
+        "| mutant | caught | examples | s to catch | s with shrink | first: distribution / mask "
+        "| shrunk: distribution / shape / mask |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    candidates = [("(control: unmutated)", reference.streaming.streaming_attention)]
+    candidates += [(name, load_mutant(name).streaming_attention) for name in MUTANTS]
+    for name, attention in candidates:
+        r = _hunt(attention, profile, shrink=True)
+        first = f"{_field(r.first_label, 'dist')} / {_field(r.first_label, 'mask')}"
+        shrunk = " / ".join(_field(r.shrunk_label, f) for f in ("dist", "shape", "mask"))
+        to_catch = f"{r.seconds_to_catch:.2f}" if r.seconds_to_catch is not None else "-"
+        rows.append(
+            f"| {name} | {'yes' if r.caught else 'no'} | {r.examples} | {to_catch} | "
+            f"{r.seconds_total:.2f} | {first if r.caught else '-'} | "
+            f"{shrunk if r.caught else '-'} |"
+        )
+        print(rows[-1], file=sys.stderr, flush=True)
+    return rows
+
+
+def _matrix(profile: settings, columns: dict[str, dict]) -> list[str]:
+    """Examples until caught per mutant (rows) and strategy restriction (columns)."""
+    rows = ["| mutant | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
+    for name in MUTANTS:
+        attention = load_mutant(name).streaming_attention
+        cells = []
+        for options in columns.values():
+            r = _hunt(attention, profile, shrink=False, **options)
+            cells.append(f"{r.examples} ({r.seconds_to_catch:.1f}s)" if r.caught else "-")
+        rows.append(f"| {name} | " + " | ".join(cells) + " |")
+        print(rows[-1], file=sys.stderr, flush=True)
+    return rows
+
+
+def distribution_table(profile: settings) -> list[str]:
+    """Without masks (varlen for nonfinite_padding): only the distribution exposes the bug."""
+    return _matrix(
+        profile,
+        {
+            name: {  # NaN/Inf may only sit in padding, so that family keeps varlen
+                "distributions": [name],
+                "mask_kinds": ("varlen",) if dist.needs_key_padding else (),
+            }
+            for name, dist in DISTRIBUTIONS.items()
+        },
+    )
+
+
+def mask_table(profile: settings) -> list[str]:
+    """One mask kind at a time (all distributions)."""
+    kinds = {"none": (), **{kind: (kind,) for kind in ("causal", "window", "varlen", "explicit")}}
+    return _matrix(profile, {name: {"mask_kinds": k} for name, k in kinds.items()})
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_mutants")
+    parser.add_argument("--profile", default="ci", help="Hypothesis profile (default: ci)")
+    parser.add_argument("--skip-matrix", action="store_true", help="only the overall table")
+    args = parser.parse_args(argv)
+    profile = settings.get_profile(args.profile)
+    print(
+        f"machine: {platform.machine()} {platform.processor() or ''} {os.cpu_count()} CPUs, "
+        f"Python {platform.python_version()}, profile {args.profile} "
+        f"(max_examples={profile.max_examples}, derandomize={profile.derandomize}), "
+        f"tiles {REFERENCE_SPEC.tile_m}x{REFERENCE_SPEC.tile_n}\n"
+    )
+    print("\n".join(overall_table(profile)))
+    if not args.skip_matrix:
+        print("\nExamples until caught, one mask kind at a time (no shrinking):\n")
+        print("\n".join(mask_table(profile)))
+        print("\nExamples until caught, one score distribution at a time, no masks:\n")
+        print("\n".join(distribution_table(profile)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""properties/mutants.py: the float64 agreement property catches every broken streaming tier.
+
+Each mutant is hunted with ``attention_cases()`` under the loaded profile (``ci`` in CI) without
+the shrink phase (catching is what is tested; ``benchmarks/bench_mutants.py`` also shrinks and
+times it). The unmutated tier must survive the same property on every example (the control).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+from hypothesis import Phase, settings
+
+import reference.streaming
+from properties.mutants import MUTANTS, MutantRotError, Mutation, hunt, load_mutant, mutated_module
+from properties.strategies import REFERENCE_SPEC, attention_cases
+
+pytestmark = pytest.mark.cpu
+
+NO_SHRINK = (Phase.explicit, Phase.reuse, Phase.generate, Phase.target)
+
+
+def _hunt(attention):
+    return hunt(
+        attention,
+        attention_cases(),
+        block_m=REFERENCE_SPEC.tile_m,
+        block_n=REFERENCE_SPEC.tile_n,
+        hypothesis_settings=settings(settings.default, database=None, phases=NO_SHRINK),
+    )
+
+
+@pytest.mark.parametrize("name", list(MUTANTS))
+def test_property_catches_mutant(name: str) -> None:
+    result = _hunt(load_mutant(name).streaming_attention)
+    assert result.caught, f"{name} survived {result.examples} examples"
+    assert result.message.startswith("AssertionError: attention output outside the derived bound")
+
+
+def test_unmutated_streaming_tier_passes_the_same_property() -> None:
+    result = _hunt(reference.streaming.streaming_attention)
+    assert not result.caught, result.message
+    assert result.examples == settings.default.max_examples
+
+
+def test_mutants_leave_the_production_module_alone() -> None:
+    before = inspect.getsource(reference.streaming)
+    for name in MUTANTS:
+        assert load_mutant(name).streaming_attention is not reference.streaming.streaming_attention
+    assert inspect.getsource(reference.streaming) == before
+    assert "m_safe = np.where(row_max == -np.inf, 0, row_max)" in before
+
+
+def test_a_rotted_snippet_is_an_error_not_a_silent_no_op() -> None:
+    rotted = Mutation("reference.streaming", "this line is not in streaming.py", "pass")
+    with pytest.raises(MutantRotError, match="occurs 0 times"):
+        mutated_module("reference.streaming", [rotted], "rotted")
+    duplicated = Mutation("reference.streaming", "import", "import")
+    with pytest.raises(MutantRotError, match="must be exactly once"):
+        mutated_module("reference.streaming", [duplicated], "duplicated")
+
+
+def test_unknown_mutant_name_is_rejected() -> None:
+    with pytest.raises(ValueError, match="name="):
+        load_mutant("off_by_two")
