@@ -59,8 +59,10 @@ LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
 KV_ORDERS = ("forward", "reverse", "any")
 SECOND_ORDER_FACTOR = 1.01  # numerics.md 4.2: covers products of first-order terms
-_ROW_CHUNK_ELEMENTS = 1 << 18  # rows * Sk per chunk of score-shaped float64 arrays (2 MiB each)
-_ABSDEV_ELEMENTS = 1 << 20  # rows * Sk * Dv per float32 |v - o| block (4 MiB: stays in cache)
+_ROW_CHUNK_ELEMENTS = (
+    1 << 18
+)  # rows * Sk per chunk of score arrays (2 MiB each); rows * K * Dv <= 8x
+_HEAVY_KEYS = 64  # keys per row whose |v - o| is summed exactly (see _weighted_abs_dev)
 
 
 def format_info(dtype: str) -> ml_dtypes.finfo:
@@ -167,10 +169,10 @@ def error_bound(
         v = np.where(chunk.seen.any(axis=0)[:, None], v, 0)  # padding may hold NaN: never read
         l_safe = np.where(chunk.l > 0, chunk.l, 1)[:, None]
         o = ref_o[chunk.b, chunk.rows, chunk.h, :]
-        o = np.where(np.isnan(o), chunk.p @ v / l_safe, o)
-        abs_v = np.abs(v)
-        rest = chunk.w_p @ abs_v + gamma(n, chain.u_pv) * (chunk.p @ abs_v)
-        numerator = _weighted_abs_dev(chunk.w_common, v, o, rest) + rest
+        if np.isnan(o).any():
+            o = np.where(np.isnan(o), chunk.p @ v / l_safe, o)
+        rest = (chunk.w_p + gamma(n, chain.u_pv) * chunk.p) @ np.abs(v)
+        numerator = _weighted_abs_dev(chunk.w_common, v, o) + rest
         out = SECOND_ORDER_FACTOR * numerator / l_safe
         out += (gamma(n, chain.u_acc) + chain.u_acc) * np.abs(o)
         out = out * (1 + chain.u_o) + chain.u_o * np.abs(o) + chain.half_sub_o
@@ -244,7 +246,8 @@ def _num_blocks(case: AttentionCase, block_n: int) -> int:
 def _row_chunks(case: AttentionCase, chain: _Chain, block_n: int, kv_order: str):
     """Yield :class:`_RowChunk` for every (b, h) and block of query rows."""
     c = LOG2_E * case.softmax_scale
-    rows_per_chunk = max(1, _ROW_CHUNK_ELEMENTS // case.Sk)
+    heavy_elements = min(case.Sk, _HEAVY_KEYS) * case.Dv  # per row in _weighted_abs_dev
+    rows_per_chunk = max(1, _ROW_CHUNK_ELEMENTS // max(case.Sk, heavy_elements // 8))
     for b in range(case.B):
         for h in range(case.Hq):
             k = case.k[b, :, case.kv_head(h), :].astype(np.float64)
@@ -260,19 +263,27 @@ def _row_chunks(case: AttentionCase, chain: _Chain, block_n: int, kv_order: str)
 def _weights(b, h, rows, seen, q, k, c, chain: _Chain, block_n: int, kv_order: str) -> _RowChunk:
     """Float64 p, l, m of a row chunk and the per-key weights of the bound."""
     s = q @ k.T
-    m = np.max(np.where(seen, s, -np.inf), axis=1, initial=-np.inf)
+    t = np.where(seen, s, -np.inf)
+    m = t.max(axis=1, initial=-np.inf)
     nonempty = m > -np.inf
     m = np.where(nonempty, m, 0)[:, None]
-    t = np.where(seen, c * (s - m), 0)  # t_j = c (s_j - m) <= 0
-    p = np.where(seen, np.exp2(t), 0)
+    t -= m
+    t *= c  # t_j = c (s_j - m) <= 0; -inf where masked
+    p = np.exp2(t)  # 0 where masked
     cm = np.abs(c * m) + chain.tau  # |c m| with a stale (thresholded) max
-    dt = c * gamma(q.shape[1], chain.u_qk) * (np.abs(q) @ np.abs(k).T)
-    dt += chain.u_s * (np.abs(t) + chain.tau + 2 * cm + c * np.abs(s))
+    # ln2 dt_j: sum |q_k k_jk| by a float32 GEMM of exact 16/32-bit magnitudes, whose relative
+    # error gamma_D(2^-24) is folded into the constant.
+    D = q.shape[1]
+    qk = np.abs(q).astype(np.float32) @ np.abs(k).T.astype(np.float32)
+    qk_factor = LN_2 * c * gamma(D, chain.u_qk) * (1 + gamma(D, 2.0**-24))
+    arg = np.multiply(qk, qk_factor, dtype=np.float64)
+    arg += (LN_2 * chain.u_s * c) * (np.abs(s) + (m - s))  # u_s (c|s_j| + |t_j|)
+    arg += LN_2 * chain.u_s * (chain.tau + 2 * cm) + chain.eps  # the row's constant part
     per_rescale = chain.eps + chain.u_acc + 3 * LN_2 * chain.u_s * cm
+    arg += _rescales(seen, block_n, kv_order) * per_rescale
     with np.errstate(over="ignore", invalid="ignore"):
-        eta = np.expm1(LN_2 * dt + chain.eps + _rescales(seen, block_n, kv_order) * per_rescale)
-        w_common = np.where(seen, p * eta + chain.ftz, 0)
-    w_common = np.where(np.isnan(w_common), np.inf, w_common)  # p underflowed, eta overflowed
+        w_common = np.where(seen, p * np.expm1(arg) + chain.ftz, 0)  # p eta + f
+    w_common[np.isnan(w_common)] = np.inf  # p underflowed while eta overflowed
     w_p = np.where(seen, chain.u_p * p + chain.half_sub_p, 0)
     if chain.rounded_p_sum:  # row_sum adds the rounded P: its error cancels like a weight error
         w_common, w_p = w_common + w_p, np.zeros_like(w_p)
@@ -290,65 +301,42 @@ def _weights(b, h, rows, seen, q, k, c, chain: _Chain, block_n: int, kv_order: s
 
 
 def _rescales(seen: np.ndarray, block_n: int, kv_order: str) -> np.ndarray:
-    """``[r, Sk]``: rescales by alpha that can follow each key's block (module docstring)."""
+    """Rescales by alpha that can follow each key's block (module docstring): ``[r, Sk]``, or
+    ``[r, 1]`` for ``kv_order="any"``, where it is the row's visible blocks minus one."""
     r, Sk = seen.shape
     n_b = -(-Sk // block_n)
     padded = np.zeros((r, n_b * block_n), dtype=bool)
     padded[:, :Sk] = seen
     blocks = padded.reshape(r, n_b, block_n).any(axis=2).astype(np.int64)
     total = blocks.sum(axis=1, keepdims=True)
+    if kv_order == "any":
+        return np.maximum(total - 1, 0)
     if kv_order == "forward":
         after = total - np.cumsum(blocks, axis=1)
-    elif kv_order == "reverse":
-        after = np.cumsum(blocks, axis=1) - blocks
     else:
-        after = np.broadcast_to(np.maximum(total - 1, 0), blocks.shape)
+        after = np.cumsum(blocks, axis=1) - blocks
     return np.repeat(after, block_n, axis=1)[:, :Sk]
 
 
-def _weighted_abs_dev(w: np.ndarray, v: np.ndarray, o: np.ndarray, rest: np.ndarray) -> np.ndarray:
-    """``[r, Dv]`` upper bound on ``sum_j w_ij |v_jc - o_ic|`` (w >= 0).
+def _weighted_abs_dev(w: np.ndarray, v: np.ndarray, o: np.ndarray) -> np.ndarray:
+    """``[r, Dv]`` upper bound on ``sum_j w_ij |v_jc - o_ic|`` (w >= 0) in O(r K Dv) + matmuls.
 
-    First the cheap matmul bound ``sum_j w_ij (|v_jc - mu_c| + |o_ic - mu_c|)`` (``mu`` = V's
-    column mean; ``|v - o| <= |v - mu| + |mu - o|``). Rows where it exceeds ``2^-7 * rest``
-    (the other terms of the numerator) somewhere, so its looseness could show, get the tight
-    value in O(Sk Dv) per row: ``|v - o| = 2 max(v, o) - v - o``, one float32 ``maximum`` pass
-    plus a matmul. Its float32 rounding (of ``w``, ``v - mu``, ``o - mu`` and the sums) is
-    covered by ``4 gamma_{Sk+2}(2^-24) sum_j w_ij (|v'| + |o'|)`` plus ``2^-149 sum_j (|v'| +
-    |o'|)`` for underflowing weights.
+    The ``K = _HEAVY_KEYS`` largest weights of a row are summed exactly; the rest use
+    ``|v_jc - o_ic| <= |v_jc - mu_c| + |mu_c - o_ic|`` (``mu`` = V's column mean), two matmuls.
+    The split is loose only where a light key's v is near o; heavy keys, where o sits (peaky
+    rows), are exact, and with flat weights o ~ mu makes the split tight.
     """
-    Sk = w.shape[1]
+    r, Sk = w.shape
     mu = v.mean(axis=0)
-    vc, oc = v - mu, o - mu
-    abs_vc = np.abs(vc)
-    w_total = w.sum(axis=1, keepdims=True)
-    magnitude = w @ abs_vc + np.abs(oc) * w_total
-    tight = (magnitude > 2.0**-7 * rest).any(axis=1)
-    if not tight.any():
-        return magnitude
-    w, oc, w_total = w[tight], oc[tight], w_total[tight]
-    r = w.shape[0]
-    scale = max(float(abs_vc.max(initial=0)), float(np.abs(oc).max(initial=0)))
-    float32_safe = scale * float(w.max(initial=0)) * Sk < 2.0**100  # no overflow in the sums
-    if not (float32_safe and np.isfinite(magnitude[tight]).all()):
-        magnitude[tight] = _abs_dev_exact(w, v, o[tight])
-        return magnitude
-    vc32, oc32, w32 = vc.astype(np.float32), oc.astype(np.float32), w.astype(np.float32)
-    top = np.empty((r, v.shape[1]))
-    step = max(1, _ABSDEV_ELEMENTS // (Sk * v.shape[1]))
-    for i0 in range(0, r, step):
-        sub = slice(i0, min(i0 + step, r))
-        upper = np.maximum(vc32[None, :, :], oc32[sub, None, :])  # max(v', o')
-        top[sub] = np.matmul(w32[sub, None, :], upper)[:, 0, :]
-    value = 2 * top - w @ vc - oc * w_total
-    slack = 4 * gamma(Sk + 2, 2.0**-24) * magnitude[tight]
-    slack += 2.0**-149 * (abs_vc.sum(axis=0) + Sk * np.abs(oc))
-    magnitude[tight] = np.minimum(np.maximum(value, 0) + slack, magnitude[tight])
-    return magnitude
-
-
-def _abs_dev_exact(w: np.ndarray, v: np.ndarray, o: np.ndarray) -> np.ndarray:
-    """Float64 ``sum_j w_ij |v_jc - o_ic|`` one row at a time, for extreme magnitudes."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        out = np.stack([w[i] @ np.abs(v - o[i]) for i in range(w.shape[0])])
+    if Sk > _HEAVY_KEYS:
+        heavy = np.argpartition(w, Sk - _HEAVY_KEYS, axis=1)[:, Sk - _HEAVY_KEYS :]
+        w_heavy = np.take_along_axis(w, heavy, axis=1)
+        light = w.copy()
+        np.put_along_axis(light, heavy, 0.0, axis=1)
+    else:
+        heavy, w_heavy, light = np.arange(Sk)[None, :], w, np.zeros_like(w)
+    with np.errstate(invalid="ignore", over="ignore"):  # inf weights (eta overflowed) stay inf
+        exact = np.einsum("ik,ikc->ic", w_heavy, np.abs(v[heavy] - o[:, None, :]))
+        split = light @ np.abs(v - mu) + np.abs(o - mu) * light.sum(axis=1, keepdims=True)
+        out = exact + split
     return np.where(np.isnan(out), np.inf, out)
