@@ -179,6 +179,20 @@ def test_triage_separates_kernel_bug_from_reference_and_records_errors(tmp_path)
     )
 
 
+def test_without_matplotlib_json_and_markdown_still_written(tmp_path, monkeypatch, capsys):
+    import report
+
+    for name in ("html", "plots"):  # forget the loaded modules, so they are imported afresh
+        monkeypatch.delitem(sys.modules, f"report.{name}", raising=False)
+        monkeypatch.delattr(report, name, raising=False)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    kernels = [Kernel("streaming-fa", resolve("streaming-fa"))]
+    run_report(preset("tiny")[:1], kernels, RunOptions(rows=4, repeats=1), tmp_path, progress=False)
+    assert (tmp_path / "report.json").exists() and (tmp_path / "report.md").exists()
+    assert not (tmp_path / "report.html").exists()
+    assert "no HTML page" in capsys.readouterr().err
+
+
 def test_diff_flags_regressions(tiny_report, tmp_path, capsys):
     old = load_records(tiny_report / "report.json")
     new = copy.deepcopy(old)

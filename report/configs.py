@@ -215,7 +215,8 @@ def grid(
 
 
 _CPU_DISTS = ("gaussian", "ramp", "near_ties", "large_v", "last_block_spike", "subnormal_p")
-_GPU_MASKS = ("none", "causal", "window", "varlen")
+# causal-top-left: torch SDPA's is_causal diagonal, so SDPA backends get causal cases with Sq != Sk.
+_GPU_MASKS = ("none", "causal", "causal-top-left", "window", "varlen")
 
 PRESETS: dict[str, Callable[[], list[Config]]] = {
     # Smoke test: two tiny configs (tests and a first look).
