@@ -19,6 +19,7 @@ import reference.streaming as streaming_module
 from reference.bounds import error_bound, lse_error_bound
 from reference.case import INPUT_DTYPES, AttentionCase, AttentionResult, Mask
 from reference.compare import assert_within_bound, compare
+from reference.exact import exact_attention
 from reference.masks import empty_rows
 from reference.precision import StreamingPrecision, round_to
 from reference.streaming import streaming_attention
@@ -236,3 +237,17 @@ def test_bound_catches_p_biased_by_one_ulp(dtype: str, monkeypatch) -> None:
     if dtype == "bfloat16":
         rtol, atol = TORCH_TOLERANCE[dtype]
         assert np.all(np.abs(broken.o - ref.o) <= atol + rtol * np.abs(ref.o))
+
+
+@pytest.mark.parametrize("family", ["peaky", "tiny_tail", "v_offset"])
+def test_bound_holds_against_the_exact_tier(family: str) -> None:
+    """Against the certified tier (no float64 reference error to add), ulps counted from the
+    correctly rounded double-double: the bf16 chain stays within error_bound."""
+    case = family_case(family, "bfloat16", Sq=6, Sk=150, D=16, Hkv=1, group=2, seed=7)
+    ref = exact_attention(case)
+    precision = chain("bfloat16", "rounded_p_sum")
+    got = streaming_attention(case, precision, block_m=4, block_n=32)
+    bound = error_bound(case, ref.as_result(), precision, block_n=32)
+    lse_bound = lse_error_bound(case, ref.as_result(), precision, block_n=32)
+    report = assert_within_bound(got, ref, bound, output_dtype="bfloat16", lse_bound=lse_bound)
+    assert report.total == got.o.size and report.max_ulp <= 2
