@@ -187,6 +187,7 @@ def test_reproducer_note_names_a_replayable_file(tmp_path) -> None:
 
 
 def test_coverage_summary_lists_every_axis() -> None:
+    find(attention_cases(), lambda c: True, settings=settings(database=None))  # records one
     text = coverage.summary()
     assert all(f"  {axis} (" in text for axis in coverage.AXES)
 
