@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 
 from report.markdown import fmt
-from report.runner import as_float
+from report.records import as_float
 
 _RANK = {"pass": 0, "unsupported": 0, "fail": 1, "error": 2}
 

@@ -5,23 +5,22 @@ Per (config, kernel) the runner builds the case once and computes
 * the exact tier on sampled rows (cached on disk, :mod:`report.cache`),
 * the streaming tier with the kernel's declared precision chain and tile sizes (with a
   :class:`~reference.streaming.RescaleTrace` for the worst element's story),
-* a float64 streaming result on all rows, from which the derived bound is evaluated
+* a float64 streaming result on all rows (a row subset for big cases, :mod:`report.subset`),
+  from which the derived bound is evaluated
   (``reference.bounds.error_bound``, as shared/notes/numerics.md 4.2 prescribes),
 
-then compares kernel vs exact, kernel vs streaming and streaming vs exact with
-``reference.compare.compare``. Records are appended to ``records.jsonl`` as they finish, so an
-interrupted run loses nothing and a rerun skips what is already there (same key).
+The kernel runs through ``kernel.harness.run_case`` (defensive checks, declared conventions
+translated, CUDA kernels in an isolated worker); its output is then compared with
+``reference.compare.compare`` for kernel vs exact, kernel vs streaming and streaming vs exact.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import numpy as np
 
@@ -30,16 +29,14 @@ from reference.masks import visible
 from reference.precision import StreamingPrecision
 from reference.streaming import RescaleTrace, streaming_attention
 from report.cache import ExactCache
+from report.plotdata import histogram, row_profile
+from report.records import clean
 from report.subset import RowSubset
 
 TIERS = ("exact", "streaming")
-PAIRS = ("kernel_vs_exact", "kernel_vs_streaming", "streaming_vs_exact")
 # Kernel and streaming tier are each within the bound of the exact value, so their difference is
 # within twice the bound: the tolerance of the kernel-vs-streaming pair.
 PAIR_BOUND_SCALE = {"kernel_vs_exact": 1.0, "kernel_vs_streaming": 2.0, "streaming_vs_exact": 1.0}
-HIST_EDGES_LOG10 = tuple(float(e) for e in np.arange(-8.0, 1.01, 0.5))
-PROFILE_ROW_BINS = 64
-PROFILE_HEADS = 16
 
 
 @dataclass(frozen=True)
@@ -275,7 +272,7 @@ def _evaluate_kernel(config, case, kernel: Kernel, options, context: _CaseContex
     differs = verdict.failed("determinism")
     passed = all(p["passed"] for p in pairs.values()) and not findings
     reference64 = context.float64()
-    return _clean(
+    return clean(
         {
             "key": record_key(config, kernel.name, options),
             "config": config.fields(),
@@ -291,15 +288,15 @@ def _evaluate_kernel(config, case, kernel: Kernel, options, context: _CaseContex
             "determinism": {"checked": checked, "bitwise_equal": not differs if checked else None},
             "findings": findings,
             "declared": list(verdict.declared),
-            "histogram": _histogram(actual, exact, rows, reference64, bound),
-            "row_profile": _row_profile(actual, reference64, bound),
+            "histogram": histogram(actual, exact, rows, reference64, bound),
+            "row_profile": row_profile(actual, reference64, bound),
             "timing": {**context.timings, "kernel_s": verdict.seconds / options.repeats},
         }
     )
 
 
 def _failed_record(config, kernel: Kernel, options, status: str, message: str, findings=()) -> dict:
-    return _clean(
+    return clean(
         {
             "key": record_key(config, kernel.name, options),
             "config": config.fields(),
@@ -352,116 +349,3 @@ def _worst_story(case: AttentionCase, pair: dict, rescales: Callable) -> dict | 
         "rescales": count,
         "visible_blocks": blocks,
     }
-
-
-def _fraction(actual: np.ndarray, reference: np.ndarray, bound: np.ndarray) -> np.ndarray:
-    """Elementwise |actual - reference| / bound for the plots (0/0 = 0, x/0 = inf, a NaN
-    actual = inf), NaN where the reference was not evaluated."""
-    with np.errstate(invalid="ignore", divide="ignore"):
-        error = np.abs(actual - reference)
-        error = np.where(np.isnan(error) & ~np.isnan(reference), np.inf, error)
-        return np.where(error == 0, 0.0, error / bound)
-
-
-def _histogram(actual, exact, rows, reference64, bound) -> dict:
-    """Counts of log10(error / bound) per element: against exact on its sampled rows when the
-    exact tier ran, else against the float64 result on all rows."""
-    if exact is not None:
-        selected = np.transpose(rows, (0, 2, 1))  # [B, Hq, Sq] -> [B, Sq, Hq] like o
-        reference = exact.o + exact.o_lo
-        fraction = _fraction(actual.o, reference, bound)[selected]
-        against = "exact (sampled rows)"
-    else:
-        fraction = _fraction(actual.o, reference64.o, bound)
-        fraction = fraction[~np.isnan(fraction)]
-        against = "float64 streaming (evaluated rows)"
-    zeros = int(np.sum(fraction == 0))
-    finite = fraction[np.isfinite(fraction) & (fraction > 0)]
-    edges = np.array(HIST_EDGES_LOG10)
-    counts, _ = np.histogram(np.clip(np.log10(finite), edges[0], edges[-1]), bins=edges)
-    return {
-        "against": against,
-        "edges_log10": list(HIST_EDGES_LOG10),
-        "counts": counts.tolist(),
-        "zeros": zeros,
-        "infinite": int(np.sum(~np.isfinite(fraction))),
-    }
-
-
-def _row_profile(actual: AttentionResult, reference64: AttentionResult, bound: np.ndarray) -> dict:
-    """Max error / bound per query row against the float64 result (which agrees with exact to
-    ~1e-15, far below any 16-bit bound), binned to at most 64 row bins x 16 (batch, head) lines;
-    NaN where no row of a bin was evaluated."""
-    per_row = np.fmax.reduce(_fraction(actual.o, reference64.o, bound), axis=-1)  # [B, Sq, Hq]
-    lines = np.transpose(per_row, (0, 2, 1)).reshape(-1, per_row.shape[1])  # [B*Hq, Sq]
-    lines = _bin_max(_bin_max(lines, PROFILE_ROW_BINS, axis=1), PROFILE_HEADS, axis=0)
-    return {
-        "rows_per_bin": math.ceil(per_row.shape[1] / min(PROFILE_ROW_BINS, per_row.shape[1])),
-        "lines": "batch*head",
-        "values": lines.tolist(),
-    }
-
-
-def _bin_max(array: np.ndarray, bins: int, axis: int) -> np.ndarray:
-    n = array.shape[axis]
-    if n <= bins:
-        return array
-    edges = np.linspace(0, n, bins + 1).astype(int)
-    parts = [
-        np.fmax.reduce(np.take(array, range(lo, hi), axis=axis), axis=axis)  # NaN: not evaluated
-        for lo, hi in zip(edges[:-1], edges[1:], strict=True)
-    ]
-    return np.stack(parts, axis=axis)
-
-
-def _clean(value):
-    """JSON-safe copy: numpy scalars to Python, non-finite floats to "inf"/"-inf"/"nan"."""
-    if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
-    if isinstance(value, np.ndarray):
-        return _clean(value.tolist())
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    if isinstance(value, (int, np.integer)):
-        return int(value)
-    if isinstance(value, (float, np.floating)):
-        value = float(value)
-        return value if math.isfinite(value) else str(value)
-    return value
-
-
-def as_float(value) -> float | None:
-    """A record number back as float ("inf" strings included); None stays None."""
-    return None if value is None else float(value)
-
-
-class RecordLog:
-    """``records.jsonl``: one JSON line per finished record, flushed as written."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def load(self) -> dict[str, dict]:
-        """Records already written, by key; a torn last line (interrupted write) is dropped."""
-        done = {}
-        if not self.path.exists():
-            return done
-        for line in self.path.read_text().splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            done[record["key"]] = record
-        return done
-
-    def append(self, records: Iterable[dict]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        torn = self.path.exists() and not self.path.read_bytes().endswith(b"\n")
-        with self.path.open("a") as stream:
-            if torn and self.path.stat().st_size:
-                stream.write("\n")  # end the torn line so the next record starts cleanly
-            for record in records:
-                stream.write(json.dumps(record, allow_nan=False) + "\n")
-            stream.flush()

@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 
 from report.cache import ExactCache
-from report.runner import Kernel, RecordLog, RunOptions, evaluate, record_key
+from report.records import RecordLog
+from report.runner import Kernel, RunOptions, evaluate, record_key
 from report.schema import SCHEMA_VERSION, validate
 
 

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from report.markdown import COLUMNS, LEGEND, header_lines, row_cells
-from report.runner import as_float
+from report.records import as_float
 
 
 def _badness(record: dict) -> float:
