@@ -41,7 +41,8 @@ def family_case(
 
     * normal: Q, K ~ N(0, 1.5), V ~ N(0, 1); peaky: Q, K ~ N(0, 6) (large |s|, the u32 c|s| terms);
     * ramp: scores grow with the key index, a new row max in every block (the alpha rescales);
-    * flat: all keys identical, so every p_j is equal and their rounding errors correlate;
+    * flat: all keys but one identical, so their p_j are equal and their rounding errors
+      correlate (biased rounding, arXiv:2510.04212);
     * v_offset: V ~ 100 + N(0, 1) (|v - o| << |v|: which P the row sum adds matters);
     * masked_rows: a random explicit mask with some fully masked rows (bound 0 there);
     * tiny_tail: one dominant key, the others 14..24 log2 units below (fp16-subnormal P).
@@ -60,6 +61,7 @@ def family_case(
         k[..., 0] = np.linspace(0, 6, Sk)[None, :, None] + rng.normal(0, 0.05, (1, Sk, Hkv))
     elif family == "flat":
         k[:] = k[:, :1]
+        k[:, 0, :, 0] += 1.0  # key 0 apart: the others share one p (rarely a 16-bit value)
     elif family == "v_offset":
         v += 100
     elif family == "masked_rows":
