@@ -253,3 +253,17 @@ def test_bound_holds_against_the_exact_tier(family: str) -> None:
     lse_bound = lse_error_bound(case, ref.as_result(), precision, block_n=32)
     report = assert_within_bound(got, ref, bound, output_dtype="bfloat16", lse_bound=lse_bound)
     assert report.total == got.o.size and report.max_ulp <= 2
+
+
+@pytest.mark.parametrize(("Sq", "Sk"), [(0, 5), (3, 0), (1, 1)])
+def test_degenerate_lengths(Sq: int, Sk: int) -> None:
+    """No query rows or no keys at all: every row is empty (bound 0), nothing divides by 0."""
+    rng = np.random.default_rng(0)
+    q, k = rng.normal(size=(1, Sq, 2, 4)), rng.normal(size=(1, Sk, 1, 4))
+    case = AttentionCase(q.astype(np.float16), k.astype(np.float16), k.astype(np.float16))
+    ref = streaming_attention(case)
+    precision = chain("float16", "flash")
+    bound = error_bound(case, ref, precision, block_n=4)
+    assert bound.shape == ref.o.shape
+    assert np.all((bound > 0) == (Sq * Sk > 0))
+    assert lse_error_bound(case, ref, precision, block_n=4).shape == (1, 2, Sq)

@@ -256,7 +256,7 @@ def _row_chunks(case: AttentionCase, chain: _Chain, block_n: int, kv_order: str)
     """Yield :class:`_RowChunk` for every (b, h) and block of query rows."""
     c = LOG2_E * case.softmax_scale
     heavy_elements = min(case.Sk, _HEAVY_KEYS) * case.Dv  # per row in _weighted_abs_dev
-    rows_per_chunk = max(1, _ROW_CHUNK_ELEMENTS // max(case.Sk, heavy_elements // 8))
+    rows_per_chunk = max(1, _ROW_CHUNK_ELEMENTS // max(case.Sk, heavy_elements // 8, 1))
     for b in range(case.B):
         for h in range(case.Hq):
             k = case.k[b, :, case.kv_head(h), :].astype(np.float64)
@@ -336,7 +336,7 @@ def _weighted_abs_dev(w: np.ndarray, v: np.ndarray, o: np.ndarray) -> np.ndarray
     rows), are exact, and with flat weights o ~ mu makes the split tight.
     """
     r, Sk = w.shape
-    mu = v.mean(axis=0)
+    mu = v.mean(axis=0) if Sk else np.zeros(v.shape[1])
     if Sk > _HEAVY_KEYS:
         heavy = np.argpartition(w, Sk - _HEAVY_KEYS, axis=1)[:, Sk - _HEAVY_KEYS :]
         w_heavy = np.take_along_axis(w, heavy, axis=1)
