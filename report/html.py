@@ -55,7 +55,8 @@ def figures(records: list[dict]) -> list[str]:
         _figure(
             "Error-to-bound over query rows",
             plots.row_heatmap(records),
-            "Max |error| / bound per row bin against the float64 streaming result (all rows).",
+            "Max |error| / bound per row bin against the float64 streaming result on all rows "
+            "(big cases: the evaluated row subset; bins without one are black).",
         ),
     ]
     comparison = plots.kernel_comparison(records)

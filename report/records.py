@@ -54,10 +54,11 @@ class RecordLog:
 
     def append(self, records: Iterable[dict]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        torn = self.path.exists() and not self.path.read_bytes().endswith(b"\n")
-        with self.path.open("a") as stream:
-            if torn and self.path.stat().st_size:
-                stream.write("\n")  # end the torn line so the next record starts cleanly
+        with self.path.open("a+b") as stream:
+            if stream.seek(0, 2) > 0:
+                stream.seek(-1, 2)
+                if stream.read(1) != b"\n":
+                    stream.write(b"\n")  # end a torn line so the next record starts cleanly
             for record in records:
-                stream.write(json.dumps(record, allow_nan=False) + "\n")
+                stream.write(json.dumps(record, allow_nan=False).encode() + b"\n")
             stream.flush()

@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -199,16 +199,20 @@ class Kernel:
 
 def evaluate(
     config, kernels: Sequence[Kernel], options: RunOptions, cache: ExactCache
-) -> list[dict]:
-    """Records (dicts, schema in report/schema.json) of ``config``, one per kernel."""
+) -> Iterator[dict]:
+    """Records (dicts, schema in report/schema.json) of ``config``, one per kernel, yielded as
+    each finishes so the caller can log it at once."""
     start = time.perf_counter()
     try:
         case = config.build()
     except ValueError as error:
-        return [_failed_record(config, k, options, "error", f"build: {error}") for k in kernels]
+        for kernel in kernels:
+            yield _failed_record(config, kernel, options, "error", f"build: {error}")
+        return
     context = _CaseContext(case, options, cache)
     context.timings["build_s"] = time.perf_counter() - start
-    return [_evaluate_kernel(config, case, kernel, options, context) for kernel in kernels]
+    for kernel in kernels:
+        yield _evaluate_kernel(config, case, kernel, options, context)
 
 
 def _run(kernel: Kernel, case: AttentionCase, options: RunOptions):

@@ -81,10 +81,10 @@ def run_report(
             if not todo:
                 continue
             bar.set_postfix_str(config.name)
-            records = evaluate(config, todo, options, cache)
-            log.append(records)
-            done.update((r["key"], r) for r in records)
-            bar.update(len(todo))
+            for record in evaluate(config, todo, options, cache):
+                log.append([record])
+                done[record["key"]] = record
+                bar.update(1)
     finally:
         bar.close()
         for kernel in kernels:
