@@ -22,7 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
-from properties.strategies import DISTRIBUTIONS, BuildContext, Shape
+# The builders of properties.strategies, from its private modules: the public module also loads
+# the pytest coverage plugin, and the report must run where pytest is not installed.
+from properties._strategies.scores import DISTRIBUTIONS, BuildContext
+from properties._strategies.shapes import Shape
 from reference.case import INPUT_DTYPES, AttentionCase, CausalAlignment, Mask
 
 MASK_KINDS = ("none", "causal", "causal-top-left", "window", "varlen", "varlen-causal")
