@@ -72,6 +72,7 @@ SECOND_ORDER_FACTOR = 1.01  # numerics.md 4.2: covers products of first-order te
 # Query rows per chunk: rows * Sk float64 score arrays of 2 MiB, and rows * K * Dv <= 8x that.
 _ROW_CHUNK_ELEMENTS = 1 << 18
 _HEAVY_KEYS = 64  # keys per row whose |v - o| is summed exactly (see _weighted_abs_dev)
+_HEAVY_ROWS = 8  # rows per gather of their heavy keys' V (8 x 64 x Dv doubles stay in cache)
 
 
 def format_info(dtype: str) -> ml_dtypes.finfo:
@@ -290,8 +291,11 @@ def _weights(b, h, rows, seen, q, k, c, chain: _Chain, block_n: int, kv_order: s
     arg += LN_2 * chain.u_s * (chain.tau + 2 * cm) + chain.eps  # the row's constant part
     per_rescale = chain.eps + chain.u_acc + 3 * LN_2 * chain.u_s * cm
     arg += _rescales(seen, block_n, kv_order) * per_rescale
+    eta = arg * (1 + arg)  # >= expm1(arg) for 0 <= arg <= 1.79; exact expm1 beyond
+    large = arg > 1
     with np.errstate(over="ignore", invalid="ignore"):
-        w_common = np.where(seen, p * np.expm1(arg) + chain.ftz, 0)  # p eta + f
+        eta[large] = np.expm1(arg[large])
+        w_common = np.where(seen, p * eta + chain.ftz, 0)  # p eta + f
     w_common[np.isnan(w_common)] = np.inf  # p underflowed while eta overflowed
     w_p = np.where(seen, chain.u_p * p + chain.half_sub_p, 0)
     if chain.rounded_p_sum:  # row_sum adds the rounded P: its error cancels like a weight error
@@ -343,9 +347,12 @@ def _weighted_abs_dev(w: np.ndarray, v: np.ndarray, o: np.ndarray) -> np.ndarray
         light = w.copy()
         np.put_along_axis(light, heavy, 0.0, axis=1)
     else:
-        heavy, w_heavy, light = np.arange(Sk)[None, :], w, np.zeros_like(w)
+        heavy, w_heavy, light = np.broadcast_to(np.arange(Sk), w.shape), w, np.zeros_like(w)
+    out = np.empty_like(o)
     with np.errstate(invalid="ignore", over="ignore"):  # inf weights (eta overflowed) stay inf
-        exact = np.einsum("ik,ikc->ic", w_heavy, np.abs(v[heavy] - o[:, None, :]))
-        split = light @ np.abs(v - mu) + np.abs(o - mu) * light.sum(axis=1, keepdims=True)
-        out = exact + split
+        for i0 in range(0, r, _HEAVY_ROWS):  # small blocks keep the r x K x Dv gather in cache
+            i = slice(i0, i0 + _HEAVY_ROWS)
+            abs_dev = np.abs(v[heavy[i]] - o[i, None, :])
+            out[i] = np.matmul(w_heavy[i, None, :], abs_dev)[:, 0, :]
+        out += light @ np.abs(v - mu) + np.abs(o - mu) * light.sum(axis=1, keepdims=True)
     return np.where(np.isnan(out), np.inf, out)
