@@ -1,0 +1,145 @@
+"""Moving cases to torch and back, with the defensive buffers the harness relies on.
+
+Imported only by torch adapters, and torch itself only inside functions, so the package stays
+importable on a CPU-only machine without torch.
+
+Guard layout: every device tensor of shape ``[B, S, H, X]`` is a view ``buf[:, G:G + S]`` into
+a buffer ``[B, G + S + G, H, X]``; for ``lse [B, H, S]`` the guard is on the last axis. Inputs'
+guards hold NaN (a kernel that reads past a sequence end gets NaN into its output); outputs
+are prefilled (NaN or zero) and their guards hold a NaN with a recognisable bit pattern, so any
+write outside the view shows up bitwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from reference.case import AttentionCase, AttentionResult
+
+GUARD = 128  # rows of guard band on each side of every sequence (>= any tile_m)
+# Guard fill bit patterns: quiet NaNs with a payload no arithmetic is likely to produce.
+_GUARD_BITS = {"float16": 0x7E5A, "bfloat16": 0x7FDA, "float32": 0x7FC0A5A5}
+_INT_VIEW = {"float16": "int16", "bfloat16": "int16", "float32": "int32"}
+
+
+def torch_dtype(name: str) -> Any:
+    import torch
+
+    return {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}[name]
+
+
+def _dtype_name(tensor: Any) -> str:
+    return str(tensor.dtype).removeprefix("torch.")
+
+
+def to_device(array: np.ndarray, device: str = "cuda", *, guard: int = GUARD) -> Any:
+    """Copy a ``[B, S, H, X]`` input to ``device`` inside a NaN guard band along S."""
+    import torch
+
+    name = array.dtype.name
+    host = array.view(np.uint16) if name == "bfloat16" else array
+    source = torch.from_numpy(np.ascontiguousarray(host)).to(device)
+    if name == "bfloat16":
+        source = source.view(torch.bfloat16)
+    B, S, H, X = array.shape
+    buf = torch.full((B, S + 2 * guard, H, X), float("nan"), dtype=source.dtype, device=device)
+    view = buf[:, guard : guard + S]
+    view.copy_(source)
+    return view
+
+
+@dataclass
+class GuardedOutput:
+    """An output view inside a guard-banded buffer; :meth:`guard_writes` lists violations."""
+
+    buf: Any
+    view: Any
+    axis: int  # the guarded axis of ``buf``
+    guard: int
+
+    @classmethod
+    def allocate(
+        cls,
+        shape: tuple[int, ...],
+        dtype: str,
+        *,
+        axis: int,
+        prefill: str,
+        device: str = "cuda",
+        guard: int = GUARD,
+    ) -> GuardedOutput:
+        """Allocate with ``prefill`` ("nan" or "zero") inside and the guard pattern outside."""
+        import torch
+
+        if prefill not in ("nan", "zero"):
+            raise ValueError(f"prefill={prefill!r} must be 'nan' or 'zero'")
+        padded = list(shape)
+        padded[axis] += 2 * guard
+        buf = torch.empty(padded, dtype=torch_dtype(dtype), device=device)
+        buf.view(getattr(torch, _INT_VIEW[dtype])).fill_(_signed(_GUARD_BITS[dtype], dtype))
+        view = buf.narrow(axis, guard, shape[axis])
+        view.fill_(float("nan") if prefill == "nan" else 0.0)
+        return cls(buf, view, axis, guard)
+
+    def guard_writes(self, name: str) -> list[str]:
+        """Descriptions of guard elements that no longer hold the guard pattern."""
+        import torch
+
+        dtype = _dtype_name(self.buf)
+        bits = self.buf.view(getattr(torch, _INT_VIEW[dtype]))
+        size = self.buf.shape[self.axis]
+        changed = []
+        for start, label in ((0, "before"), (size - self.guard, "after")):
+            band = bits.narrow(self.axis, start, self.guard)
+            bad = band != _signed(_GUARD_BITS[dtype], dtype)
+            if bool(bad.any()):
+                first = [int(i) for i in torch.nonzero(bad)[0]]
+                offset = (
+                    first[self.axis] - self.guard if label == "before" else first[self.axis] + 1
+                )
+                first[self.axis] = offset
+                changed.append(
+                    f"{name}: {int(bad.sum())} guard elements written {label} the valid range "
+                    f"(first at guarded axis offset {offset}, index {first})"
+                )
+        return changed
+
+
+def _signed(bits: int, dtype: str) -> int:
+    width = 32 if dtype == "float32" else 16
+    return bits - (1 << width) if bits >= 1 << (width - 1) else bits
+
+
+def to_host(tensor: Any) -> np.ndarray:
+    """float64 NumPy copy of a device tensor (exact for 16-bit and fp32 values)."""
+    return tensor.detach().to("cpu", dtype=tensor.dtype).double().numpy()
+
+
+def float64_reference(case: AttentionCase, device: str = "cuda") -> AttentionResult:
+    """Dense float64 attention on the GPU for every row (empty rows: O = 0, LSE = -inf).
+
+    Cheap enough to cover every row at GPU sizes; the exact tier certifies sampled rows.
+    """
+    import torch
+
+    from reference.masks import visible_all
+
+    def load(array: np.ndarray) -> Any:
+        return torch.from_numpy(
+            np.where(np.isfinite(array.astype(np.float64)), array.astype(np.float64), 0.0)
+        ).to(device)
+
+    q, k, v = (load(a) for a in (case.q, case.k, case.v))
+    g = case.group_size
+    k = k.repeat_interleave(g, dim=2)
+    v = v.repeat_interleave(g, dim=2)
+    seen = torch.from_numpy(visible_all(case)).to(device)  # [B, Hq, Sq, Sk]
+    s = torch.einsum("bihd,bjhd->bhij", q, k) * case.softmax_scale
+    s = s.masked_fill(~seen, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)  # -inf on empty rows
+    p = torch.exp(s - torch.where(torch.isfinite(lse), lse, 0.0)[..., None])
+    o = torch.einsum("bhij,bjhd->bihd", p, v)
+    return AttentionResult(o=o.cpu().numpy(), lse=lse.cpu().numpy())

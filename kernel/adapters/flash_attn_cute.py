@@ -1,0 +1,91 @@
+"""flash_attn.cute (flash-attn-4): the SM90 path on Hopper (H100/H200), SM100 on Blackwell.
+
+Conventions: bottom-right causal and windows (FlashAttention's), LSE natural log in
+``[B, Hq, Sq]``, empty rows O = 0 and LSE = -inf (the project's convention). Varlen is passed as
+``seqused_q`` / ``seqused_k`` on the padded ``[B, S, H, D]`` layout, which is exactly the case
+model's ``q_lengths`` / ``k_lengths``; rows past ``seqused_q`` are not written
+(``padded_rows="unwritten"``).
+
+The call goes through ``flash_attn.cute.interface._flash_attn_fwd`` (private) because only it
+takes ``out=`` / ``lse=``: that is what lets the harness prefill outputs with NaN and surround
+them with guard bands. The public ``flash_attn_varlen_func`` computes the same thing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kernel.adapters import _torch
+from kernel.spec import KernelSpec
+from reference.case import AttentionCase, AttentionResult, CausalAlignment
+
+
+def _spec() -> KernelSpec:
+    return KernelSpec(
+        name="flash-attn-cute",
+        dtypes=frozenset({"float16", "bfloat16"}),
+        head_dims=frozenset({64, 128}),
+        mask_kinds=frozenset({"causal", "window", "varlen"}),
+        causal_alignment=CausalAlignment.BOTTOM_RIGHT,
+        gqa=True,
+        tile_m=128,
+        tile_n=128,  # SM90 tiles: D=128 -> 128x128; D=64 -> 192x128
+        returns_lse=True,
+        deterministic=True,
+        padded_rows="unwritten",
+    )
+
+
+@dataclass
+class FlashAttnCuteAdapter:
+    """``flash_attn.cute`` forward with guard-banded, prefilled ``out`` and ``lse``."""
+
+    spec: KernelSpec = field(default_factory=_spec)
+    checks: frozenset[str] = frozenset(
+        {"input-guard", "prefill", "output-guard", "padding-poison", "determinism", "nonfinite"}
+    )
+
+    def __call__(self, case: AttentionCase) -> AttentionResult:
+        return self.run_guarded(case, prefill="zero")[0]
+
+    def run_guarded(
+        self, case: AttentionCase, *, prefill: str
+    ) -> tuple[AttentionResult, tuple[str, ...]]:
+        import torch
+        from flash_attn.cute.interface import _flash_attn_fwd
+
+        q, k, v = (_torch.to_device(getattr(case, n)) for n in "qkv")
+        out = _torch.GuardedOutput.allocate(
+            (case.B, case.Sq, case.Hq, case.Dv), case.dtype, axis=1, prefill=prefill
+        )
+        lse = _torch.GuardedOutput.allocate(
+            (case.B, case.Hq, case.Sq), "float32", axis=2, prefill=prefill
+        )
+        mask = case.mask
+
+        def lengths(values: tuple[int, ...] | None) -> torch.Tensor | None:
+            return (
+                None if values is None else torch.tensor(values, dtype=torch.int32, device=q.device)
+            )
+
+        _flash_attn_fwd(
+            q,
+            k,
+            v,
+            seqused_q=lengths(mask.q_lengths),
+            seqused_k=lengths(mask.k_lengths),
+            softmax_scale=case.softmax_scale,
+            causal=mask.causal,
+            window_size_left=mask.window_left,
+            window_size_right=mask.window_right,
+            return_lse=True,
+            out=out.view,
+            lse=lse.view,
+        )
+        torch.cuda.synchronize()
+        writes = tuple(out.guard_writes("o") + lse.guard_writes("lse"))
+        return AttentionResult(o=_torch.to_host(out.view), lse=_torch.to_host(lse.view)), writes
+
+
+def create() -> FlashAttnCuteAdapter:
+    return FlashAttnCuteAdapter()

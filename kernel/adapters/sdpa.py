@@ -1,0 +1,145 @@
+"""torch ``scaled_dot_product_attention`` with one backend forced: math, flash, efficient, cuDNN.
+
+Conventions, declared rather than failed on:
+
+* ``is_causal`` is top-left (key j visible iff j <= i), so ``causal_alignment=TOP_LEFT``; the
+  framework only gives bottom-right causal cases where both diagonals agree (Sq == Sk).
+* Windows and explicit masks go in as a boolean ``attn_mask`` built from
+  :func:`reference.masks.visible_all`, on the backends that take a mask (math, efficient).
+* SDPA returns no LSE through its public API, so ``returns_lse=False``.
+* Measured on torch 2.11 / H200 (2026-11-29): the flash backend refuses ``is_causal`` when
+  Sq != Sk and takes no mask, so it declares no mask kinds; the efficient backend has no GQA;
+  cuDNN refuses Sk == 1 and gives neither 0 nor NaN for an all-masked row of a boolean mask, so
+  it declares causal only. A backend's "No available kernel" is raised as
+  :class:`kernel.harness.Declined` (the case is skipped with torch's reasons, and counted).
+* Varlen/padding is not declared: SDPA has no per-batch lengths, only masks, and a mask does not
+  stop the dense backends from reading the padded keys.
+* Outputs cannot be preallocated (no ``out=``), so the NaN-prefill and output guard-band checks
+  do not apply; poisoned input guard bands, determinism and finiteness do.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from kernel.adapters import _torch
+from kernel.harness import Declined
+from kernel.spec import KernelSpec
+from reference.case import AttentionCase, AttentionResult, CausalAlignment
+from reference.precision import StreamingPrecision
+
+_FLOATS = frozenset({"float16", "bfloat16", "float32"})
+_HALVES = frozenset({"float16", "bfloat16"})
+_MASKS = frozenset({"causal", "window", "explicit"})
+
+
+class _Backend(NamedTuple):
+    member: str  # torch.nn.attention.SDPBackend member
+    dtypes: frozenset[str]
+    mask_kinds: frozenset[str]
+    gqa: bool
+    tile_m: int
+    tile_n: int
+    fp32_p: bool  # P kept in fp32 (math upcasts); else FlashAttention's chain
+
+
+# torch warns about every backend it skipped; only the chosen backend's reasons explain a refusal.
+_NOISE = (
+    "Flash attention has been runtime disabled.",
+    "Memory Efficient attention has been runtime disabled.",
+    "cuDNN attention has been runtime disabled.",
+    "Flash attention kernel not used because:",
+    "Memory efficient kernel not used because:",
+    "cuDNN attention kernel not used because:",
+)
+
+_BACKENDS = {
+    "math": _Backend("MATH", _FLOATS, _MASKS, True, 128, 128, True),
+    "flash": _Backend("FLASH_ATTENTION", _HALVES, frozenset(), True, 128, 64, False),
+    "efficient": _Backend("EFFICIENT_ATTENTION", _FLOATS, _MASKS, False, 64, 64, False),
+    "cudnn": _Backend("CUDNN_ATTENTION", _HALVES, frozenset({"causal"}), True, 128, 128, False),
+}
+
+
+def _math_precision(dtype: str) -> StreamingPrecision:
+    """The math backend upcasts 16-bit inputs to fp32 and never rounds P (one dense softmax)."""
+    return StreamingPrecision(score_dtype="float32", accum_dtype="float32", output_dtype=dtype)
+
+
+@dataclass
+class SdpaAdapter:
+    """One SDPA backend as a kernel adapter (``backend`` in math, flash, efficient, cudnn)."""
+
+    backend: str
+    spec: KernelSpec
+    checks: frozenset[str] = frozenset({"input-guard", "determinism", "nonfinite"})
+
+    @classmethod
+    def create(cls, backend: str) -> SdpaAdapter:
+        if backend not in _BACKENDS:
+            raise ValueError(f"backend={backend!r} must be one of {sorted(_BACKENDS)}")
+        info = _BACKENDS[backend]
+        precision = {d: _math_precision(d) for d in info.dtypes} if info.fp32_p else {}
+        spec = KernelSpec(
+            name=f"sdpa-{backend}",
+            dtypes=info.dtypes,
+            head_dims=frozenset({64, 128}),
+            mask_kinds=info.mask_kinds,
+            causal_alignment=CausalAlignment.TOP_LEFT,
+            gqa=info.gqa,
+            tile_m=info.tile_m,
+            tile_n=info.tile_n,
+            precision=precision,
+            returns_lse=False,
+            deterministic=True,
+        )
+        return cls(backend, spec)
+
+    def __call__(self, case: AttentionCase) -> AttentionResult:
+        import torch
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        q, k, v = (_torch.to_device(getattr(case, n)).transpose(1, 2) for n in "qkv")
+        kwargs: dict[str, Any] = {"scale": case.softmax_scale}
+        if case.group_size > 1:
+            kwargs["enable_gqa"] = True
+        if case.mask.kinds == {"causal"} and (
+            case.mask.alignment is CausalAlignment.TOP_LEFT or case.Sq == case.Sk
+        ):
+            kwargs["is_causal"] = True
+        elif case.mask.kinds:
+            from reference.masks import visible_all
+
+            kwargs["attn_mask"] = torch.from_numpy(visible_all(case)).to(q.device)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with sdpa_kernel([getattr(SDPBackend, _BACKENDS[self.backend].member)]):
+                try:
+                    o = torch.nn.functional.scaled_dot_product_attention(q, k, v, **kwargs)
+                except RuntimeError as error:
+                    if "No available kernel" not in str(error):
+                        raise
+                    reasons = sorted(
+                        {str(w.message).split("(Triggered")[0].strip() for w in caught}
+                    )
+                    raise Declined(f"sdpa-{self.backend}: {'; '.join(reasons)}") from None
+        torch.cuda.synchronize()
+        return AttentionResult(o=_torch.to_host(o.transpose(1, 2)), lse=None)
+
+
+def math() -> SdpaAdapter:
+    return SdpaAdapter.create("math")
+
+
+def flash() -> SdpaAdapter:
+    return SdpaAdapter.create("flash")
+
+
+def efficient() -> SdpaAdapter:
+    return SdpaAdapter.create("efficient")
+
+
+def cudnn() -> SdpaAdapter:
+    return SdpaAdapter.create("cudnn")

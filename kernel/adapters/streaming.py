@@ -1,0 +1,50 @@
+"""The NumPy streaming tier as a CPU "virtual kernel": the default when no GPU exists.
+
+It runs :func:`reference.streaming.streaming_attention` with its declared FlashAttention
+precision chain, so the whole kernel pipeline (harness, properties, report) can be exercised
+and demonstrated on a CPU-only machine. Its output is a NumPy array it allocates itself, so
+only the determinism and finiteness checks apply.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kernel.spec import KernelSpec
+from reference.case import AttentionCase, AttentionResult, CausalAlignment
+from reference.streaming import streaming_attention
+
+
+def _spec() -> KernelSpec:
+    return KernelSpec(
+        name="streaming-fa",
+        dtypes=frozenset({"float16", "bfloat16", "float32"}),
+        head_dims=frozenset({16, 32, 64, 128}),
+        mask_kinds=frozenset({"causal", "window", "varlen", "explicit"}),
+        causal_alignment=CausalAlignment.BOTTOM_RIGHT,
+        gqa=True,
+        tile_m=64,
+        tile_n=64,
+        returns_lse=True,
+        device="cpu",
+    )
+
+
+@dataclass
+class StreamingAdapter:
+    """``streaming_attention(case, spec.precision_for(dtype), block_m/n = spec tiles)``."""
+
+    spec: KernelSpec = field(default_factory=_spec)
+    checks: frozenset[str] = frozenset({"padding-poison", "determinism", "nonfinite"})
+
+    def __call__(self, case: AttentionCase) -> AttentionResult:
+        return streaming_attention(
+            case,
+            self.spec.precision_for(case.dtype),
+            block_m=self.spec.tile_m,
+            block_n=self.spec.tile_n,
+        )
+
+
+def create() -> StreamingAdapter:
+    return StreamingAdapter()

@@ -1,0 +1,119 @@
+"""CPU kernels with one deliberate fault each, to test the harness without a GPU.
+
+``hang``, ``exit`` (``os._exit``, as a CUDA fault kills a process), ``raises``, ``flaky``
+(nondeterministic); and a NumPy "kernel" with guard-banded output buffers whose variants mirror
+the Triton ones (``skip_last_row``, ``oob_write``, ``read_padding``, ``empty_nan``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kernel.spec import KernelSpec
+from reference.case import AttentionCase, AttentionResult
+from reference.precision import StreamingPrecision
+from reference.streaming import streaming_attention
+
+GUARD = 4
+_GUARD_VALUE = -7.0e300  # a value no attention output can hold
+
+
+def _spec(name: str, **overrides: object) -> KernelSpec:
+    fields = {
+        "dtypes": frozenset({"float16", "bfloat16", "float32"}),
+        "head_dims": frozenset({8, 16, 32, 64}),
+        "mask_kinds": frozenset({"causal", "window", "varlen", "explicit"}),
+        "tile_m": 16,
+        "tile_n": 16,
+        "device": "cpu",
+    }
+    return KernelSpec(name=name, **{**fields, **overrides})
+
+
+def _streaming(case: AttentionCase) -> AttentionResult:
+    precision = StreamingPrecision.flash_attention(case.dtype)
+    return streaming_attention(case, precision, block_m=16, block_n=16)
+
+
+@dataclass
+class FaultyAdapter:
+    """``fault`` in hang, exit, raises, flaky; otherwise the streaming tier."""
+
+    fault: str
+    spec: KernelSpec = field(default_factory=lambda: _spec("cpu-fault"))
+
+    def __call__(self, case: AttentionCase) -> AttentionResult:
+        if self.fault == "hang":
+            time.sleep(3600)
+        if self.fault == "exit":
+            os._exit(3)
+        if self.fault == "raises":
+            raise RuntimeError("deliberate failure inside the kernel")
+        result = _streaming(case)
+        if self.fault == "flaky":
+            noise = np.random.default_rng().integers(0, 2, result.o.shape) * np.spacing(result.o)
+            noise[result.o == 0] = 0.0
+            return AttentionResult(o=result.o + noise, lse=result.lse)
+        return result
+
+
+@dataclass
+class GuardedNumpyAdapter:
+    """The streaming tier writing into NaN/zero-prefilled, guard-banded NumPy buffers."""
+
+    bug: str = "none"
+    spec: KernelSpec = field(default_factory=lambda: _spec("cpu-guarded"))
+    checks: frozenset[str] = frozenset(
+        {"prefill", "output-guard", "padding-poison", "determinism", "nonfinite"}
+    )
+
+    def __call__(self, case: AttentionCase) -> AttentionResult:
+        return self.run_guarded(case, prefill="zero")[0]
+
+    def run_guarded(
+        self, case: AttentionCase, *, prefill: str
+    ) -> tuple[AttentionResult, tuple[str, ...]]:
+        result = _streaming(case)
+        if self.bug == "read_padding":  # P = 0 times the padded V rows, as a tile that reads them
+            for b in range(case.B):
+                padded_v = case.v[b, case.k_length(b) :].astype(np.float64)
+                result.o[b] += 0.0 * padded_v.sum()
+        fill = np.nan if prefill == "nan" else 0.0
+        buf = np.full((case.B, case.Sq + 2 * GUARD, case.Hq, case.Dv), _GUARD_VALUE)
+        buf[:, GUARD : GUARD + case.Sq] = fill
+        rows = case.Sq - (1 if self.bug == "skip_last_row" else 0)
+        buf[:, GUARD : GUARD + rows] = result.o[:, :rows]
+        if self.bug == "oob_write":
+            buf[:, GUARD + case.Sq] = result.o[:, -1]
+        o = buf[:, GUARD : GUARD + case.Sq]
+        if self.bug == "empty_nan":
+            o = np.where((result.lse == -np.inf).transpose(0, 2, 1)[..., None], np.nan, o)
+        outside = np.concatenate([buf[:, :GUARD], buf[:, GUARD + case.Sq :]], axis=1)
+        writes = () if (outside == _GUARD_VALUE).all() else ("o: guard band written",)
+        lse = result.lse.copy()
+        lse[..., rows:] = np.nan if prefill == "nan" else 0.0
+        return AttentionResult(o=o.copy(), lse=lse), writes
+
+
+def hang() -> FaultyAdapter:
+    return FaultyAdapter("hang")
+
+
+def exit() -> FaultyAdapter:  # noqa: A001 - the fault's name
+    return FaultyAdapter("exit")
+
+
+def raises() -> FaultyAdapter:
+    return FaultyAdapter("raises")
+
+
+def flaky() -> FaultyAdapter:
+    return FaultyAdapter("flaky")
+
+
+def guarded() -> GuardedNumpyAdapter:
+    return GuardedNumpyAdapter()

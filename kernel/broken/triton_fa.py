@@ -1,0 +1,123 @@
+"""A tiny Triton FlashAttention forward, correct or with one deliberate bug.
+
+Each variant is a zero-argument factory for ``--kernel kernel.broken.triton_fa:<variant>`` and
+names the harness check that must catch it (``expected_check``):
+
+* ``correct``: the baseline; must pass every check.
+* ``no_rescale``: drops ``O = O * alpha`` when the running max rises -> ``bound``.
+* ``oob_write``: stores whole query tiles past ``Sq`` -> ``output-guard``.
+* ``skip_last_tile``: never writes the last query tile -> ``unwritten``.
+* ``read_padding``: uses keys past ``k_lengths`` -> ``padding-read``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from kernel.adapters import _torch
+from kernel.spec import KernelSpec
+from reference.case import AttentionCase, AttentionResult, CausalAlignment
+
+BLOCK_M, BLOCK_N = 64, 64
+_BUGS = {
+    "correct": ({}, None),
+    "no_rescale": ({"RESCALE": False}, "bound"),
+    "oob_write": ({"MASK_STORE": False}, "output-guard"),
+    "skip_last_tile": ({"SKIP_LAST": True}, "unwritten"),
+    "read_padding": ({"KEY_LIMIT_PADDED": True}, "padding-read"),
+}
+
+
+@dataclass
+class TritonFlashAdapter:
+    """The Triton kernel with the switches of one variant."""
+
+    variant: str
+    spec: KernelSpec
+    expected_check: str | None
+    checks: frozenset[str] = frozenset(
+        {"input-guard", "prefill", "output-guard", "padding-poison", "determinism", "nonfinite"}
+    )
+    switches: dict[str, bool] = field(default_factory=dict)
+
+    @classmethod
+    def create(cls, variant: str) -> TritonFlashAdapter:
+        if variant not in _BUGS:
+            raise ValueError(f"variant={variant!r} must be one of {sorted(_BUGS)}")
+        switches, expected = _BUGS[variant]
+        spec = KernelSpec(
+            name=f"triton-fa-{variant}".replace("_", "-"),
+            dtypes=frozenset({"float16", "bfloat16"}),
+            head_dims=frozenset({16, 32, 64, 128}),
+            mask_kinds=frozenset({"varlen"}),
+            causal_alignment=CausalAlignment.BOTTOM_RIGHT,
+            tile_m=BLOCK_M,
+            tile_n=BLOCK_N,
+            padded_rows="unwritten",
+        )
+        return cls(variant, spec, expected, switches=switches)
+
+    def __call__(self, case: AttentionCase) -> AttentionResult:
+        return self.run_guarded(case, prefill="zero")[0]
+
+    def run_guarded(
+        self, case: AttentionCase, *, prefill: str
+    ) -> tuple[AttentionResult, tuple[str, ...]]:
+        import torch
+
+        from kernel.broken._triton_kernel import attention_fwd
+
+        q, k, v = (_torch.to_device(getattr(case, n)) for n in "qkv")
+        out = _torch.GuardedOutput.allocate(
+            (case.B, case.Sq, case.Hq, case.Dv), case.dtype, axis=1, prefill=prefill
+        )
+        lse = _torch.GuardedOutput.allocate(
+            (case.B, case.Hq, case.Sq), "float32", axis=2, prefill=prefill
+        )
+        q_len = torch.tensor(
+            [case.q_length(b) for b in range(case.B)], dtype=torch.int32, device=q.device
+        )
+        k_len = torch.tensor(
+            [case.k_length(b) for b in range(case.B)], dtype=torch.int32, device=q.device
+        )
+        switches = {
+            "RESCALE": True,
+            "MASK_STORE": True,
+            "SKIP_LAST": False,
+            "KEY_LIMIT_PADDED": False,
+        }
+        switches.update(self.switches)
+        o, l_ = out.view, lse.view
+        grid = (max(1, math.ceil(case.Sq / BLOCK_M)), case.B * case.Hq)
+        attention_fwd[grid](
+            q, k, v, o, l_, q_len, k_len,
+            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
+            l_.stride(0), l_.stride(1),
+            case.Hq, case.group_size, case.Sk, case.softmax_scale / math.log(2), case.softmax_scale,
+            BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D=case.D, **switches,
+        )  # fmt: skip
+        torch.cuda.synchronize()
+        writes = tuple(out.guard_writes("o") + lse.guard_writes("lse"))
+        return AttentionResult(o=_torch.to_host(o), lse=_torch.to_host(l_)), writes
+
+
+def correct() -> TritonFlashAdapter:
+    return TritonFlashAdapter.create("correct")
+
+
+def no_rescale() -> TritonFlashAdapter:
+    return TritonFlashAdapter.create("no_rescale")
+
+
+def oob_write() -> TritonFlashAdapter:
+    return TritonFlashAdapter.create("oob_write")
+
+
+def skip_last_tile() -> TritonFlashAdapter:
+    return TritonFlashAdapter.create("skip_last_tile")
+
+
+def read_padding() -> TritonFlashAdapter:
+    return TritonFlashAdapter.create("read_padding")

@@ -1,0 +1,69 @@
+"""Find a kernel adapter by built-in name or by dotted path ``package.module:attr``.
+
+A user's kernel outside this repository plugs in without edits: ``--kernel mypkg.fa:adapter``
+where ``attr`` is an adapter instance (an object with ``spec`` and ``__call__(case)``) or a
+zero-argument factory returning one. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+
+from kernel.spec import KernelAdapter
+
+# name -> (dotted path of a zero-arg factory, module whose presence makes it available)
+BUILTIN: dict[str, tuple[str, str | None]] = {
+    "streaming-fa": ("kernel.adapters.streaming:create", None),
+    "sdpa-math": ("kernel.adapters.sdpa:math", "torch"),
+    "sdpa-flash": ("kernel.adapters.sdpa:flash", "torch"),
+    "sdpa-efficient": ("kernel.adapters.sdpa:efficient", "torch"),
+    "sdpa-cudnn": ("kernel.adapters.sdpa:cudnn", "torch"),
+    "flash-attn-cute": ("kernel.adapters.flash_attn_cute:create", "flash_attn.cute"),
+}
+GPU_BUILTIN = tuple(name for name in BUILTIN if name != "streaming-fa")
+
+
+def resolve(name_or_path: str) -> KernelAdapter:
+    """The adapter for a built-in name or ``package.module:attr``.
+
+    >>> resolve("streaming-fa").spec.device
+    'cpu'
+    """
+    path = BUILTIN[name_or_path][0] if name_or_path in BUILTIN else name_or_path
+    if ":" not in path:
+        raise ValueError(
+            f"kernel={name_or_path!r} must be a built-in name ({', '.join(BUILTIN)}) "
+            "or a dotted path package.module:attr"
+        )
+    module_name, _, attr = path.partition(":")
+    try:
+        target = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as error:
+        raise ValueError(f"kernel={name_or_path!r}: cannot load {path} ({error})") from error
+    adapter = target() if callable(target) and not isinstance(target, KernelAdapter) else target
+    if not isinstance(adapter, KernelAdapter):
+        raise ValueError(
+            f"kernel={name_or_path!r}: {path} must be an adapter (spec + __call__(case)) or a "
+            f"zero-argument factory returning one, got {type(adapter).__name__}"
+        )
+    return adapter
+
+
+def available(names: tuple[str, ...] = tuple(BUILTIN)) -> list[str]:
+    """Built-in names whose packages are importable here (a GPU may still be missing)."""
+    return [name for name in names if _importable(BUILTIN[name][1])]
+
+
+def default_kernels(has_gpu: bool) -> list[str]:
+    """What ``--kernel`` means when not given: every available GPU adapter, else the CPU one."""
+    return available(GPU_BUILTIN) if has_gpu else ["streaming-fa"]
+
+
+def _importable(module: str | None) -> bool:
+    if module is None:
+        return True
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
