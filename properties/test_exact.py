@@ -109,6 +109,9 @@ def test_certified_bound_holds_and_is_tiny(case: AttentionCase) -> None:
     gap = np.abs((coarse.o - fine.o) + (coarse.o_lo - fine.o_lo))
     allowed = (coarse.o_err_bound + fine.o_err_bound).transpose(0, 2, 1)[..., None]
     assert np.all(gap <= allowed)
+    finite = np.isfinite(coarse.lse)
+    lse_gap = np.abs(coarse.lse[finite] - fine.lse[finite])
+    assert np.all(lse_gap <= (coarse.lse_err_bound + fine.lse_err_bound)[finite])
     vmax = np.nanmax(np.abs(case.v.astype(np.float64)), initial=0.0)
     assert np.all(coarse.o_err_bound <= 1e-25 * vmax + 1e-300)
     assert np.all(np.isfinite(coarse.lse_err_bound))
