@@ -28,7 +28,8 @@ pytestmark = pytest.mark.cpu
 
 FLOAT64 = StreamingPrecision.float64()
 FAMILIES = ("normal", "peaky", "ramp", "flat", "v_offset", "masked_rows", "tiny_tail")
-VARIANTS = ("flash", "rounded_p_sum", "fp32_out")  # numerics.md 4.3's three chain variants
+# numerics.md 4.3's three chain variants, plus FA4's stale max (rescale only past 2^8 growth).
+VARIANTS = ("flash", "rounded_p_sum", "fp32_out", "threshold")
 # torch.testing.assert_close defaults (rtol, atol) per output dtype.
 TORCH_TOLERANCE = {"float16": (1e-3, 1e-5), "bfloat16": (1.6e-2, 1e-5)}
 
@@ -84,6 +85,8 @@ def chain(dtype: str, variant: str) -> StreamingPrecision:
         return StreamingPrecision(p_dtype=dtype, row_sum_from_rounded_p=True, output_dtype=dtype)
     if variant == "fp32_out":
         return StreamingPrecision(p_dtype=dtype)
+    if variant == "threshold":
+        return StreamingPrecision.flash_attention(dtype, rescale_threshold_log2=8.0)
     return base
 
 
