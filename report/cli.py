@@ -215,6 +215,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         if argv[:1] == ["diff"]:
             return diff_main(argv[1:])
         return run_main(argv[1:] if argv[:1] == ["run"] else argv)
-    except ValueError as error:
+    except (ValueError, OSError) as error:  # bad options or inputs: a message, not a traceback
         print(f"attention-report: error: {error}", file=sys.stderr)
         return 2

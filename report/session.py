@@ -119,11 +119,14 @@ def write_outputs(report: dict, out: Path, *, html: bool = True) -> list[Path]:
 
     paths = [_write(out / "report.json", json.dumps(report, indent=1, allow_nan=False))]
     paths.append(_write(out / "report.md", render_markdown(report)))
+    stale = out / "report.html"
     if not html:
+        stale.unlink(missing_ok=True)  # never leave a page that disagrees with report.json
         return paths
     try:
         from report.html import render_html
     except ImportError as error:
+        stale.unlink(missing_ok=True)
         print(f"attention-report: no HTML page ({error}); wrote JSON and Markdown", file=sys.stderr)
         return paths
     paths.append(_write(out / "report.html", render_html(report)))
