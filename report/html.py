@@ -11,7 +11,7 @@ import base64
 import html
 
 from report import plots
-from report.markdown import COLUMNS, LEGEND, header_lines, row_cells
+from report.markdown import COLUMNS, LEGEND, PAIR_COLUMNS, header_lines, pair_rows, row_cells
 
 _STYLE = """
 body { font-family: sans-serif; margin: 1.5em; color: #222; }
@@ -71,16 +71,20 @@ def figures(records: list[dict]) -> list[str]:
     return sections
 
 
+def _table(columns, rows, classes=None) -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = "".join(
+        f"<tr class='{cls}'>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
+        for row, cls in zip(rows, classes or [""] * len(rows), strict=True)
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
 def render_html(report: dict) -> str:
     records = report["records"]
     header = "".join(f"<li>{html.escape(line)}</li>" for line in header_lines(report))
-    head_row = "".join(f"<th>{html.escape(c)}</th>" for c in COLUMNS)
-    body = "".join(
-        f"<tr class='{r['verdict']}'>"
-        + "".join(f"<td>{html.escape(c)}</td>" for c in row_cells(r))
-        + "</tr>"
-        for r in records
-    )
+    summary = _table(COLUMNS, [row_cells(r) for r in records], [r["verdict"] for r in records])
+    pairs = _table(PAIR_COLUMNS, [row for r in records for row in pair_rows(r)])
     return (
         "<!DOCTYPE html><html><head><meta charset='utf-8'>"
         "<title>Attention kernel error report</title>"
@@ -88,7 +92,7 @@ def render_html(report: dict) -> str:
         "<h1>Attention kernel error report</h1>"
         f"<ul>{header}</ul>"
         + "".join(figures(records))
-        + f"<h2>Results</h2><table><thead><tr>{head_row}</tr></thead><tbody>{body}</tbody></table>"
-        f"<p class='note'>{html.escape(LEGEND)}</p>"
+        + f"<h2>Results</h2>{summary}<p class='note'>{html.escape(LEGEND)}</p>"
+        f"<details><summary>Every tier pair in full</summary>{pairs}</details>"
         "</body></html>"
     )

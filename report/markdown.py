@@ -86,6 +86,48 @@ def row_cells(record: dict) -> list[str]:
     ]
 
 
+PAIR_COLUMNS = (
+    "config",
+    "kernel",
+    "pair",
+    "passed",
+    "max abs",
+    "max rel",
+    "max ulp",
+    "p99 ulp",
+    "err/bound",
+    "worst (b, row, head, col)",
+    "LSE err",
+    "non-finite",
+    "mismatched / total",
+)
+
+
+def pair_rows(record: dict) -> list[list[str]]:
+    """One row per tier pair of a record: the full metrics behind the triage column."""
+    rows = []
+    for name, pair in record.get("pairs", {}).items():
+        worst = pair.get("worst_index")
+        rows.append(
+            [
+                record["config"]["name"],
+                record["kernel"]["name"],
+                f"{PAIR_SHORT[name]} ({pair['bound_scale']:g}x bound)",
+                "yes" if pair["passed"] else "NO",
+                fmt(pair["max_abs"]),
+                fmt(pair["max_rel"]),
+                fmt(pair["max_ulp"]),
+                fmt(pair["p99_ulp"]),
+                fmt(pair["max_bound_fraction"]),
+                "-" if worst is None else "(" + ", ".join(str(i) for i in worst) + ")",
+                fmt(pair.get("lse_max_abs")),
+                fmt(pair["nonfinite"]),
+                f"{pair['mismatched']} / {pair['total']}",
+            ]
+        )
+    return rows
+
+
 def header_lines(report: dict) -> list[str]:
     """Provenance and totals, one fact per line."""
     machine, options = report["machine"], report["options"]
