@@ -236,7 +236,12 @@ def test_config_file_and_deterministic_builds(tmp_path):
     assert main(["--config-file", str(tmp_path / "bad.json"), "--out", str(tmp_path)]) == 2
 
 
-def test_sampled_configs_repeat_for_a_seed():
+def test_sampled_configs_repeat_for_a_seed(tmp_path):
+    argv = ["--sample", "2", "--rows", "4", "--repeats", "1", "--no-html", "--no-progress"]
+    assert main([*argv, "--out", str(tmp_path)]) == 0
+    records = json.loads((tmp_path / "report.json").read_text())["records"]
+    assert [r["config"]["name"] for r in records] == ["sampled-0-000", "sampled-0-001"]
+    assert {r["verdict"] for r in records} <= {"pass"}
     spec = resolve("streaming-fa").spec
     first, again = sampled_configs(3, seed=5, spec=spec), sampled_configs(3, seed=5, spec=spec)
     assert [c.digest for c in first] == [c.digest for c in again]
