@@ -16,7 +16,8 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, Phase, Verbosity, settings  # noqa: E402
 
-pytest_plugins = ["pytester", "kernel.gpu_workers"]  # gpu_workers: one GPU per xdist worker
+# gpu_workers: one GPU per xdist worker; coverage: shape x mask x distribution x dtype tally
+pytest_plugins = ["pytester", "kernel.gpu_workers", "properties.coverage"]
 
 _SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large]
 settings.register_profile("dev", max_examples=25, deadline=None, suppress_health_check=_SLOW_OK)
@@ -56,6 +57,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="DIR",
         help="write failing cases (.npz) and per-test error reports here",
     )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    report_dir = config.getoption("--report-dir")
+    if report_dir:  # where properties.replay saves failing cases (.npz)
+        os.environ["ATTENTION_REPORT_DIR"] = str(report_dir)
 
 
 def _cuda_available() -> tuple[bool, str]:
