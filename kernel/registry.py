@@ -20,6 +20,7 @@ BUILTIN: dict[str, tuple[str, str | None]] = {
     "sdpa-efficient": ("kernel.adapters.sdpa:efficient", "torch"),
     "sdpa-cudnn": ("kernel.adapters.sdpa:cudnn", "torch"),
     "flash-attn-cute": ("kernel.adapters.flash_attn_cute:create", "flash_attn.cute"),
+    "own-sm90": ("kernel.adapters.own_sm90:create", "cutlass"),
 }
 GPU_BUILTIN = tuple(name for name in BUILTIN if name != "streaming-fa")
 

@@ -1,0 +1,117 @@
+"""Online softmax over KV blocks, one query row per register-tile row, in CuTe DSL.
+
+Per row, after each block of raw scores ``s`` (unscaled, masked entries ``-inf``):
+
+    m_new = max(m, max_j s_j)                     running max, unscaled
+    alpha = exp2((m - m_new) * scale_log2)        rescale factor for O and the running sum
+    p_j   = exp2(s_j * scale_log2 - m_new * scale_log2)   one FFMA + ex2.approx.ftz.f32
+    l     = l * alpha + sum_j p_j
+
+with ``scale_log2 = log2(e) * softmax_scale`` folded into one constant. A row that has seen no
+visible key keeps ``m = -inf``; the max is then read as 0 so that ``p = alpha = 0`` instead of
+``exp2(-inf + inf) = NaN``. :meth:`OnlineSoftmax.finalize` returns ``1 / l`` (0 for an empty
+row, so ``O = 0``; a NaN sum stays NaN) and ``LSE = (m * scale_log2 + log2(l)) * ln 2`` (natural
+log; ``-inf`` when ``l = 0``), the project's conventions (reference/masks.py, numerics.md).
+
+Each row's values are spread over ``threads_per_row`` lanes of a warp (4 for the SM90 WGMMA and
+SM80 mma accumulators, 1 for a thread-per-row SM100 softmax); the row max is all-reduced across
+them every block, the row sum only once in :meth:`finalize`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32
+
+LOG2_E = math.log2(math.e)
+LN_2 = math.log(2.0)
+
+
+class OnlineSoftmax:
+    """Running row max and row sum for the ``num_rows`` rows one thread holds."""
+
+    def __init__(self, num_rows: int, threads_per_row: int, scale_log2: Float32) -> None:
+        self.num_rows = num_rows
+        self.threads_per_row = threads_per_row
+        self.scale_log2 = scale_log2
+        self.row_max = cute.make_rmem_tensor(cute.make_layout(num_rows), Float32)
+        self.row_sum = cute.make_rmem_tensor(cute.make_layout(num_rows), Float32)
+        self.row_max.fill(-Float32.inf)
+        self.row_sum.fill(0.0)
+
+    # The DSL carries this object through dynamic loops as its MLIR values (the scale and the
+    # two register tensors); the row count and lanes per row stay Python constants.
+    def _dynamic_fields(self) -> tuple[object, ...]:
+        return (self.scale_log2, self.row_max, self.row_sum)
+
+    def __extract_mlir_values__(self) -> list:
+        values: list = []
+        self._value_counts = []
+        for obj in self._dynamic_fields():
+            obj_values = cutlass.extract_mlir_values(obj)
+            values += obj_values
+            self._value_counts.append(len(obj_values))
+        return values
+
+    def __new_from_mlir_values__(self, values: list) -> OnlineSoftmax:
+        new = object.__new__(OnlineSoftmax)
+        new.num_rows, new.threads_per_row = self.num_rows, self.threads_per_row
+        rebuilt, start = [], 0
+        for obj, count in zip(self._dynamic_fields(), self._value_counts, strict=True):
+            rebuilt.append(cutlass.new_from_mlir_values(obj, values[start : start + count]))
+            start += count
+        new.scale_log2, new.row_max, new.row_sum = rebuilt
+        return new
+
+    @cute.jit
+    def update(self, scores: cute.Tensor, alpha: cute.Tensor) -> None:
+        """Turn ``scores`` (``(rows, cols)`` view, masked entries ``-inf``) into ``p`` in place
+        and write each row's O rescale factor into ``alpha``."""
+        for r in cutlass.range_constexpr(self.num_rows):
+            row_max = self.row_max[r]
+            for c in cutlass.range_constexpr(cute.size(scores, mode=[1])):
+                row_max = cute.arch.fmax(row_max, scores[r, c])
+            row_max = cute.arch.warp_reduction_max(row_max, threads_in_group=self.threads_per_row)
+            safe_max = row_max
+            if row_max == -Float32.inf:
+                safe_max = Float32(0.0)
+            max_scaled = safe_max * self.scale_log2
+            row_alpha = cute.math.exp2(
+                (self.row_max[r] - safe_max) * self.scale_log2, fastmath=True
+            )
+            block_sum = Float32(0.0)
+            for c in cutlass.range_constexpr(cute.size(scores, mode=[1])):
+                p = cute.math.exp2(scores[r, c] * self.scale_log2 - max_scaled, fastmath=True)
+                scores[r, c] = p
+                block_sum += p
+            self.row_sum[r] = self.row_sum[r] * row_alpha + block_sum
+            self.row_max[r] = row_max
+            alpha[r] = row_alpha
+
+    @cute.jit
+    def finalize(self, inv_sum: cute.Tensor, lse: cute.Tensor) -> None:
+        """Write ``1 / l`` (0 for empty rows) into ``inv_sum`` and the natural-log LSE into
+        ``lse`` (``-inf`` for empty rows)."""
+        for r in cutlass.range_constexpr(self.num_rows):
+            row_sum = cute.arch.warp_reduction_sum(
+                self.row_sum[r], threads_in_group=self.threads_per_row
+            )
+            # Only an exactly empty row is special: a NaN sum (NaN input) must stay visible.
+            inv = Float32(1.0) / row_sum
+            row_lse = (self.row_max[r] * self.scale_log2 + cute.math.log2(row_sum)) * LN_2
+            if row_sum == 0.0:
+                inv = Float32(0.0)
+                row_lse = -Float32.inf
+            inv_sum[r] = inv
+            lse[r] = row_lse
+
+
+@cute.jit
+def rescale_rows(acc: cute.Tensor, factor: cute.Tensor) -> None:
+    """``acc[r, :] *= factor[r]`` for a ``(rows, cols)`` view (O rescale and normalization)."""
+    for r in cutlass.range_constexpr(cute.size(acc, mode=[0])):
+        for c in cutlass.range_constexpr(cute.size(acc, mode=[1])):
+            acc[r, c] = acc[r, c] * factor[r]

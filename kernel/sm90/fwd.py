@@ -1,0 +1,526 @@
+"""The project's own SM90 (Hopper) FlashAttention forward kernel, in CuTe DSL.
+
+Structure (one CTA per ``tile_m`` query rows of one (batch, head)):
+
+* warpgroup 0, warp 0 (``load``): TMA loads of the Q tile once, then K and V blocks through two
+  ``PipelineTmaAsync`` rings (``kv_stages`` deep), last KV block first;
+* warpgroups 1..``num_consumer_wg`` (``consume``), 64 query rows each: ``S = Q K^T`` by WGMMA
+  with both operands in SMEM (SS), the mask (kernel/common/mask.py) on blocks that need it, the
+  online softmax with exp2 (kernel/common/softmax.py), ``O *= alpha``, ``P`` converted to the
+  input dtype in registers and ``O += P V`` by WGMMA with A from registers (RS);
+* ``epilogue``: ``O * (1 / row_sum)`` (0 for empty rows), stored straight from registers with a
+  ``row < seqlen_q`` predicate, and the natural-log LSE (``-inf`` for empty rows).
+
+Kept simple rather than fast: no intra-warpgroup overlap of softmax and MMA, no TMA store, no
+persistent scheduler. Layouts: q, k, v, o ``[B, S, H, D]`` with unit stride on D (any other
+strides, e.g. guard-banded views), lse ``[B, H, Sq]`` float32; B, H, Sq, Sk dynamic; D static
+(64 or 128); Hq == Hkv (no GQA); bottom-right causal or no mask.
+
+:meth:`FlashAttentionForwardSm90.compile` builds the kernel on fake tensors, so a CPU-only machine
+can compile it for sm_90a (``CUTE_DSL_ARCH=sm_90a``) and inspect the PTX.
+"""
+
+from __future__ import annotations
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float32, Int32
+from cutlass.cute.nvgpu import warpgroup
+from cutlass.memory import SmemAllocator
+from cutlass.tensor_utils import LayoutEnum
+
+from kernel.common.mask import apply_mask, kv_block_range
+from kernel.common.softmax import LOG2_E, OnlineSoftmax, rescale_rows
+
+DTYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16}
+HEAD_DIMS = (64, 128)
+WG_THREADS = 128
+ROWS_PER_WG = 64  # the WGMMA M extent
+
+
+def acc_rows_cols(acc: cute.Tensor) -> cute.Tensor:
+    """``(rows, cols)`` view of a WGMMA accumulator fragment ``((2, 2, V), MMA_M, MMA_N)``.
+
+    Per 8 columns a thread holds 2 adjacent columns of 2 rows 8 apart: value mode 0 is the
+    column pair, mode 1 the row, mode 2 the 8-column group (PTX wgmma accumulator fragment).
+    """
+    shape, stride = acc.layout.shape, acc.layout.stride
+    layout = cute.make_layout(
+        ((shape[0][1], shape[1]), ((shape[0][0], shape[0][2]), shape[2])),
+        stride=((stride[0][1], stride[1]), ((stride[0][0], stride[0][2]), stride[2])),
+    )
+    return cute.make_tensor(acc.iterator, layout)
+
+
+def acc_as_operand_a(acc: cute.Tensor) -> cute.Tensor:
+    """The accumulator fragment of ``S`` (after conversion to 16 bits) re-viewed as the A
+    fragment ``((2, 2, 2), MMA_M, MMA_K)`` of the PV WGMMA, k16 blocks along the columns.
+
+    The A fragment of a k16 block holds, in order, the values of two consecutive 8-column
+    accumulator groups, so the view only regroups mode 2 of the accumulator in pairs.
+    """
+    shape, stride = acc.layout.shape, acc.layout.stride
+    layout = cute.make_layout(
+        ((shape[0][0], shape[0][1], 2), shape[1], (shape[0][2] // 2, shape[2])),
+        stride=(
+            (stride[0][0], stride[0][1], stride[0][2]),
+            stride[1],
+            (stride[0][2] * 2, stride[2]),
+        ),
+    )
+    return cute.make_tensor(acc.iterator, layout)
+
+
+class FlashAttentionForwardSm90:
+    """Static knobs in ``__init__``; ``__call__`` is the host launch (a ``cute.jit`` function)."""
+
+    def __init__(
+        self,
+        dtype: str,
+        head_dim: int,
+        causal: bool,
+        *,
+        num_consumer_wg: int = 2,
+        tile_n: int = 128,
+        kv_stages: int = 2,
+    ) -> None:
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype={dtype!r} must be one of {sorted(DTYPES)}")
+        if head_dim not in HEAD_DIMS:
+            raise ValueError(f"head_dim={head_dim!r} must be one of {HEAD_DIMS}")
+        if num_consumer_wg not in (1, 2):
+            raise ValueError(f"num_consumer_wg={num_consumer_wg!r} must be 1 or 2")
+        if tile_n not in (64, 128):
+            raise ValueError(f"tile_n={tile_n!r} must be 64 or 128")
+        if kv_stages < 1:
+            raise ValueError(f"kv_stages={kv_stages!r} must be >= 1")
+        self.dtype_name = dtype
+        self.dtype = DTYPES[dtype]
+        self.head_dim = head_dim
+        self.causal = causal
+        self.num_consumer_wg = num_consumer_wg
+        self.tile_m = ROWS_PER_WG * num_consumer_wg
+        self.tile_n = tile_n
+        self.kv_stages = kv_stages
+        self.num_threads = WG_THREADS * (1 + num_consumer_wg)
+        # setmaxnreg: the producer gives registers to the consumers (65536 per SM, 1 CTA).
+        self.regs_load = 24
+        self.regs_consumer = 240 if num_consumer_wg == 2 else 256
+
+    # ------------------------------------------------------------------ host side
+
+    @cute.jit
+    def __call__(
+        self,
+        q: cute.Tensor,
+        k: cute.Tensor,
+        v: cute.Tensor,
+        o: cute.Tensor,
+        lse: cute.Tensor,
+        scale_log2: Float32,
+        stream: cuda.CUstream,
+    ) -> None:
+        """Launch on ``[B, S, H, D]`` q/k/v/o and ``[B, H, Sq]`` lse; ``scale_log2`` is
+        ``softmax_scale * log2(e)``."""
+        # (s, d, h, b) views for Q, K, O; (d, s, h, b) for V (the PV B operand is MN-major).
+        mQ = cute.make_tensor(q.iterator, cute.select(q.layout, mode=[1, 3, 2, 0]))
+        mK = cute.make_tensor(k.iterator, cute.select(k.layout, mode=[1, 3, 2, 0]))
+        mV = cute.make_tensor(v.iterator, cute.select(v.layout, mode=[3, 1, 2, 0]))
+        mO = cute.make_tensor(o.iterator, cute.select(o.layout, mode=[1, 3, 2, 0]))
+        mLSE = cute.make_tensor(lse.iterator, cute.select(lse.layout, mode=[2, 1, 0]))
+
+        dtype = self.dtype
+        qk_tiler = (ROWS_PER_WG, self.tile_n, self.head_dim)
+        pv_tiler = (ROWS_PER_WG, self.head_dim, self.tile_n)
+        cta_qk_tiler = (self.tile_m, self.tile_n, self.head_dim)
+        cta_pv_tiler = (self.tile_m, self.head_dim, self.tile_n)
+        atoms = (self.num_consumer_wg, 1, 1)
+        k_major = cute.nvgpu.OperandMajorMode.K
+        v_layout = LayoutEnum.from_tensor(mV)
+        qk_mma = sm90_utils.make_trivial_tiled_mma(
+            dtype, dtype, k_major, k_major, Float32, atoms, qk_tiler[:2]
+        )
+        pv_mma = sm90_utils.make_trivial_tiled_mma(
+            dtype,
+            dtype,
+            k_major,
+            v_layout.sm90_mma_major_mode(),
+            Float32,
+            atoms,
+            pv_tiler[:2],
+            warpgroup.OperandSource.RMEM,
+        )
+        row_major = LayoutEnum.ROW_MAJOR
+        sQ_layout = sm90_utils.make_smem_layout_a(row_major, cta_qk_tiler, dtype, 1)
+        sK_layout = sm90_utils.make_smem_layout_b(row_major, cta_qk_tiler, dtype, self.kv_stages)
+        sV_layout = sm90_utils.make_smem_layout_b(v_layout, cta_pv_tiler, dtype, self.kv_stages)
+
+        load_op = cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp()
+        tma_q, mQ_tma = cute.nvgpu.cpasync.make_tiled_tma_atom(
+            load_op, mQ, cute.slice_(sQ_layout, (None, None, 0)), (self.tile_m, self.head_dim)
+        )
+        tma_k, mK_tma = cute.nvgpu.cpasync.make_tiled_tma_atom(
+            load_op, mK, cute.slice_(sK_layout, (None, None, 0)), (self.tile_n, self.head_dim)
+        )
+        tma_v, mV_tma = cute.nvgpu.cpasync.make_tiled_tma_atom(
+            load_op, mV, cute.slice_(sV_layout, (None, None, 0)), (self.head_dim, self.tile_n)
+        )
+        self.q_bytes = cute.size_in_bytes(dtype, cute.slice_(sQ_layout, (None, None, 0)))
+        self.kv_bytes = cute.size_in_bytes(dtype, cute.slice_(sK_layout, (None, None, 0)))
+
+        stages = self.kv_stages
+
+        @cute.struct
+        class SharedStorage:
+            q_bar: cute.struct.MemRange[cutlass.Int64, 2]
+            k_bar: cute.struct.MemRange[cutlass.Int64, 2 * stages]
+            v_bar: cute.struct.MemRange[cutlass.Int64, 2 * stages]
+            sQ: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sQ_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sV_layout)], 1024]
+
+        self.shared_storage = SharedStorage
+        grid = (cute.ceil_div(mQ.shape[0], self.tile_m), mQ.shape[2], mQ.shape[3])
+        self.kernel(
+            qk_mma,
+            pv_mma,
+            tma_q,
+            mQ_tma,
+            tma_k,
+            mK_tma,
+            tma_v,
+            mV_tma,
+            mO,
+            mLSE,
+            scale_log2,
+            sQ_layout,
+            sK_layout,
+            sV_layout,
+        ).launch(
+            grid=grid,
+            block=[self.num_threads, 1, 1],
+            stream=stream,
+            min_blocks_per_mp=1,  # known entry register count, so setmaxnreg is honoured
+        )
+
+    # ------------------------------------------------------------------ device side
+
+    @cute.kernel
+    def kernel(
+        self,
+        qk_mma: cute.TiledMma,
+        pv_mma: cute.TiledMma,
+        tma_q: cute.CopyAtom,
+        mQ: cute.Tensor,
+        tma_k: cute.CopyAtom,
+        mK: cute.Tensor,
+        tma_v: cute.CopyAtom,
+        mV: cute.Tensor,
+        mO: cute.Tensor,
+        mLSE: cute.Tensor,
+        scale_log2: Float32,
+        sQ_layout: cute.ComposedLayout,
+        sK_layout: cute.ComposedLayout,
+        sV_layout: cute.ComposedLayout,
+    ) -> None:
+        tidx, _, _ = cute.arch.thread_idx()
+        m_block, head, batch = cute.arch.block_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        wg_idx = cute.arch.make_warp_uniform(tidx // WG_THREADS)
+
+        storage = SmemAllocator().allocate(self.shared_storage)
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+
+        producer = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
+        consumers = pipeline.CooperativeGroup(
+            pipeline.Agent.Thread, self.num_consumer_wg * (WG_THREADS // 32)
+        )
+        q_load, q_use = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.q_bar.data_ptr(),
+            num_stages=1,
+            producer_group=producer,
+            consumer_group=consumers,
+            tx_count=self.q_bytes,
+            defer_sync=True,
+        ).make_participants()
+        k_load, k_use = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.k_bar.data_ptr(),
+            num_stages=self.kv_stages,
+            producer_group=producer,
+            consumer_group=consumers,
+            tx_count=self.kv_bytes,
+            defer_sync=True,
+        ).make_participants()
+        v_load, v_use = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.v_bar.data_ptr(),
+            num_stages=self.kv_stages,
+            producer_group=producer,
+            consumer_group=consumers,
+            tx_count=self.kv_bytes,
+            defer_sync=True,
+        ).make_participants()
+        cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+
+        seqlen_q = mQ.shape[0]
+        seqlen_k = mK.shape[0]
+        n_block_max, n_block_unmasked = kv_block_range(
+            m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal
+        )
+
+        if wg_idx == 0:
+            cute.arch.setmaxregister_decrease(self.regs_load)
+            if warp_idx == 0:
+                self.load(
+                    tma_q,
+                    mQ,
+                    sQ,
+                    tma_k,
+                    mK,
+                    sK,
+                    tma_v,
+                    mV,
+                    sV,
+                    q_load,
+                    k_load,
+                    v_load,
+                    m_block,
+                    head,
+                    batch,
+                    n_block_max,
+                )
+        else:
+            cute.arch.setmaxregister_increase(self.regs_consumer)
+            self.consume(
+                qk_mma,
+                pv_mma,
+                sQ,
+                sK,
+                sV,
+                q_use,
+                k_use,
+                v_use,
+                mO,
+                mLSE,
+                scale_log2,
+                tidx - WG_THREADS,
+                m_block,
+                head,
+                batch,
+                n_block_max,
+                n_block_unmasked,
+                seqlen_q,
+                seqlen_k,
+            )
+
+    @cute.jit
+    def load(
+        self,
+        tma_q: cute.CopyAtom,
+        mQ: cute.Tensor,
+        sQ: cute.Tensor,
+        tma_k: cute.CopyAtom,
+        mK: cute.Tensor,
+        sK: cute.Tensor,
+        tma_v: cute.CopyAtom,
+        mV: cute.Tensor,
+        sV: cute.Tensor,
+        q_load: pipeline.PipelineProducer,
+        k_load: pipeline.PipelineProducer,
+        v_load: pipeline.PipelineProducer,
+        m_block: Int32,
+        head: Int32,
+        batch: Int32,
+        n_block_max: Int32,
+    ) -> None:
+        """Producer warp: Q once (even for an empty tile, the consumers wait for it), then K and
+        V of blocks ``n_block_max - 1`` down to 0. Rows past a sequence end are zero-filled by
+        the TMA unit (the box is clipped to the tensor's extent)."""
+        gQ = cute.local_tile(mQ[None, None, head, batch], (self.tile_m, self.head_dim), (None, 0))
+        gK = cute.local_tile(mK[None, None, head, batch], (self.tile_n, self.head_dim), (None, 0))
+        gV = cute.local_tile(mV[None, None, head, batch], (self.head_dim, self.tile_n), (0, None))
+        no_mcast = cute.make_layout(1)
+        tQsQ, tQgQ = cute.nvgpu.cpasync.tma_partition(
+            tma_q, 0, no_mcast, cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2)
+        )
+        tKsK, tKgK = cute.nvgpu.cpasync.tma_partition(
+            tma_k, 0, no_mcast, cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2)
+        )
+        tVsV, tVgV = cute.nvgpu.cpasync.tma_partition(
+            tma_v, 0, no_mcast, cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2)
+        )
+        handle = q_load.acquire_and_advance()
+        cute.copy(tma_q, tQgQ[None, m_block], tQsQ[None, handle.index], tma_bar_ptr=handle.barrier)
+        for i in cutlass.range(n_block_max, unroll=1):
+            n_block = n_block_max - 1 - i
+            handle = k_load.acquire_and_advance()
+            cute.copy(
+                tma_k, tKgK[None, n_block], tKsK[None, handle.index], tma_bar_ptr=handle.barrier
+            )
+            handle = v_load.acquire_and_advance()
+            cute.copy(
+                tma_v, tVgV[None, n_block], tVsV[None, handle.index], tma_bar_ptr=handle.barrier
+            )
+
+    @cute.jit
+    def consume(
+        self,
+        qk_mma: cute.TiledMma,
+        pv_mma: cute.TiledMma,
+        sQ: cute.Tensor,
+        sK: cute.Tensor,
+        sV: cute.Tensor,
+        q_use: pipeline.PipelineConsumer,
+        k_use: pipeline.PipelineConsumer,
+        v_use: pipeline.PipelineConsumer,
+        mO: cute.Tensor,
+        mLSE: cute.Tensor,
+        scale_log2: Float32,
+        tidx: Int32,
+        m_block: Int32,
+        head: Int32,
+        batch: Int32,
+        n_block_max: Int32,
+        n_block_unmasked: Int32,
+        seqlen_q: Int32,
+        seqlen_k: Int32,
+    ) -> None:
+        """Consumer warpgroups: the KV loop (QK^T, mask, online softmax, rescale, PV), then the
+        epilogue. ``tidx`` counts from the first consumer thread."""
+        qk_thr = qk_mma.get_slice(tidx)
+        pv_thr = pv_mma.get_slice(tidx)
+        tSrQ = qk_thr.make_fragment_A(qk_thr.partition_A(sQ))
+        tSrK = qk_thr.make_fragment_B(qk_thr.partition_B(sK))
+        tOrV = pv_thr.make_fragment_B(pv_thr.partition_B(sV))
+        acc_S_shape = qk_thr.partition_shape_C((self.tile_m, self.tile_n))
+        acc_O = pv_thr.make_fragment_C(pv_thr.partition_shape_C((self.tile_m, self.head_dim)))
+        acc_O.fill(0.0)
+        acc_O_mn = acc_rows_cols(acc_O)
+        # (row, col) of each score inside the tile, viewed like the scores.
+        cS = qk_thr.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
+        cS_mn = acc_rows_cols(cS)
+        num_rows = cute.size(acc_O_mn, mode=[0])
+        softmax = OnlineSoftmax(num_rows, 4, scale_log2)
+        alpha = cute.make_rmem_tensor(cute.make_layout(num_rows), Float32)
+
+        q_handle = q_use.wait_and_advance()
+        for i in cutlass.range(n_block_max, unroll=1):
+            n_block = n_block_max - 1 - i
+            acc_S = qk_thr.make_fragment_C(acc_S_shape)
+            k_handle = k_use.wait_and_advance()
+            warpgroup.fence()
+            for kb in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
+                qk_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
+                cute.gemm(
+                    qk_mma,
+                    acc_S,
+                    tSrQ[None, None, kb, q_handle.index],
+                    tSrK[None, None, kb, k_handle.index],
+                    acc_S,
+                )
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+            k_handle.release()
+
+            acc_S_mn = acc_rows_cols(acc_S)
+            if n_block >= n_block_unmasked:
+                apply_mask(
+                    acc_S_mn,
+                    cS_mn,
+                    m_block * self.tile_m,
+                    n_block * self.tile_n,
+                    seqlen_q,
+                    seqlen_k,
+                    self.causal,
+                )
+            softmax.update(acc_S_mn, alpha)
+            rescale_rows(acc_O_mn, alpha)
+            rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
+            rP.store(acc_S.load().to(self.dtype))
+            tOrP = acc_as_operand_a(rP)
+
+            v_handle = v_use.wait_and_advance()
+            warpgroup.fence()
+            for kb in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
+                pv_mma.set(warpgroup.Field.ACCUMULATE, True)
+                cute.gemm(
+                    pv_mma,
+                    acc_O,
+                    tOrP[None, None, kb],
+                    tOrV[None, None, kb, v_handle.index],
+                    acc_O,
+                )
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+            v_handle.release()
+
+        self.epilogue(softmax, acc_O, pv_thr, mO, mLSE, tidx, m_block, head, batch, seqlen_q)
+
+    @cute.jit
+    def epilogue(
+        self,
+        softmax: OnlineSoftmax,
+        acc_O: cute.Tensor,
+        pv_thr: cute.core.ThrMma,
+        mO: cute.Tensor,
+        mLSE: cute.Tensor,
+        tidx: Int32,
+        m_block: Int32,
+        head: Int32,
+        batch: Int32,
+        seqlen_q: Int32,
+    ) -> None:
+        """``O / row_sum`` to global memory and the LSE, rows below ``seqlen_q`` only."""
+        acc_O_mn = acc_rows_cols(acc_O)
+        num_rows = cute.size(acc_O_mn, mode=[0])
+        inv_sum = cute.make_rmem_tensor(cute.make_layout(num_rows), Float32)
+        lse = cute.make_rmem_tensor(cute.make_layout(num_rows), Float32)
+        softmax.finalize(inv_sum, lse)
+        rescale_rows(acc_O_mn, inv_sum)
+        rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
+        rO.store(acc_O.load().to(self.dtype))
+
+        row0 = m_block * self.tile_m
+        gO = cute.local_tile(
+            mO[None, None, head, batch], (self.tile_m, self.head_dim), (m_block, 0)
+        )
+        tOgO = pv_thr.partition_C(gO)
+        cO = pv_thr.partition_C(cute.make_identity_tensor((self.tile_m, self.head_dim)))
+        for i in cutlass.range(cute.size(rO), unroll_full=True):
+            if row0 + cO[i][0] < seqlen_q:
+                tOgO[i] = rO[i]
+
+        cO_mn = acc_rows_cols(cO)
+        gLSE = mLSE[None, head, batch]
+        if tidx % 4 == 0:  # the first lane of each row's quad
+            for r in cutlass.range_constexpr(num_rows):
+                row = row0 + cO_mn[r, 0][0]
+                if row < seqlen_q:
+                    gLSE[row] = lse[r]
+
+    # ------------------------------------------------------------------ compile-only
+
+    def compile(self, *, options: str = "") -> object:
+        """``cute.compile`` for sm_90a on fake tensors (dynamic B, H, S and strides; unit stride
+        on D): the CPU-only check. Never touches a GPU; ``--gpu-arch=sm_90a`` is passed, so it
+        does not depend on ``CUTE_DSL_ARCH`` (which still must be sm_90a when set)."""
+        from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
+
+        def qkv() -> object:
+            shape = (cute.sym_int(), cute.sym_int(), cute.sym_int(), self.head_dim)
+            strides = tuple(cute.sym_int64(divisibility=8) for _ in range(3)) + (1,)
+            return make_fake_tensor(self.dtype, shape, strides, assumed_align=16)
+
+        lse = make_fake_tensor(
+            Float32,
+            (cute.sym_int(), cute.sym_int(), cute.sym_int()),
+            (cute.sym_int64(), cute.sym_int64(), 1),
+            assumed_align=4,
+        )
+        args = (qkv(), qkv(), qkv(), qkv(), lse, Float32(LOG2_E), make_fake_stream())
+        return cute.compile(self, *args, options=f"--gpu-arch=sm_90a {options}".strip())
