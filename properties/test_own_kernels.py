@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -62,10 +63,13 @@ def _sm90(dtype: str, head_dim: int, causal: bool):
 @pytest.mark.cpu
 @needs_cutlass
 @pytest.mark.parametrize(("dtype", "head_dim", "causal"), CONFIGS)
-def test_sm90_compiles_to_wgmma_tma_ex2(dtype: str, head_dim: int, causal: bool) -> None:
+def test_sm90_compiles_to_wgmma_tma_ex2(
+    dtype: str, head_dim: int, causal: bool, tmp_path: Path
+) -> None:
     """Every declared configuration compiles for sm_90a without a GPU, down to the hardware
     instructions (a silently wrong arch or a scalar fallback would lose them)."""
-    ptx = _sm90(dtype, head_dim, causal).compile(options="--keep-ptx").artifacts.PTX
+    kernel = _sm90(dtype, head_dim, causal)
+    ptx = kernel.compile(options=f"--keep-ptx --dump-dir={tmp_path}").artifacts.PTX
     missing = [spelling for spelling in PTX_MUST_HAVE if spelling not in ptx]
     assert not missing, f"PTX lacks {missing}"
     mma = "bf16.bf16" if dtype == "bfloat16" else "f16.f16"

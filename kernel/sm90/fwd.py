@@ -506,14 +506,14 @@ class FlashAttentionForwardSm90:
     # ------------------------------------------------------------------ compile-only
 
     def compile(self, *, options: str = "") -> object:
-        """``cute.compile`` for sm_90a on fake tensors (dynamic B, H, S and strides; unit stride
-        on D): the CPU-only check. Never touches a GPU; ``--gpu-arch=sm_90a`` is passed, so it
-        does not depend on ``CUTE_DSL_ARCH`` (which still must be sm_90a when set)."""
+        """``cute.compile`` for sm_90a on fake tensors typed like the adapter's runtime tensors
+        (every extent and stride dynamic but D's unit stride): the CPU-only check. Never touches
+        a GPU; ``--gpu-arch=sm_90a`` is passed, so it does not depend on ``CUTE_DSL_ARCH``."""
         from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
-        def qkv() -> object:
-            shape = (cute.sym_int(), cute.sym_int(), cute.sym_int(), self.head_dim)
-            strides = tuple(cute.sym_int64(divisibility=8) for _ in range(3)) + (1,)
+        def qkv() -> object:  # what from_dlpack(t).mark_layout_dynamic(leading_dim=3) gives
+            shape = tuple(cute.sym_int() for _ in range(4))
+            strides = tuple(cute.sym_int64() for _ in range(3)) + (1,)
             return make_fake_tensor(self.dtype, shape, strides, assumed_align=16)
 
         lse = make_fake_tensor(

@@ -1,0 +1,189 @@
+"""GPU check of the project's own SM90 kernel (kernel/sm90/fwd.py) on a Hopper GPU.
+
+Usage (from the repository root, CuTe DSL importable, e.g. after ``source
+.devkit/device-setup.sh``)::
+
+    CUTE_DSL_ARCH=sm_90a python scripts/check_own_sm90.py [--skip-pytest] [--skip-bench]
+
+Three independent parts, each in its own try/except so one failure does not hide the others:
+
+1. accuracy: a few shapes against a float64 torch reference, error as a fraction of the derived
+   bound (reference/bounds.py) and in output-dtype ulps (reference/compare.py); the first call of
+   each (dtype, D, causal) also reports its compile time;
+2. the gpu-marked tests of properties/test_own_kernels.py (small Hypothesis example count);
+3. throughput, bf16 D = 128, S = 4096 / 16384, causal and not, against torch SDPA's FLASH and
+   cuDNN backends: TFLOP/s = 4 B H Sq Sk D / time (halved for causal), median of
+   ``triton.testing.do_bench``.
+
+The summary table is printed last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+ACCURACY_SHAPES = [  # (B, H, Sq, Sk, D, dtype, causal)
+    (2, 3, 256, 256, 128, "bfloat16", False),
+    (1, 2, 200, 300, 64, "float16", False),
+    (2, 2, 130, 389, 128, "bfloat16", True),
+    (1, 2, 300, 129, 64, "float16", True),
+    (1, 2, 1000, 1000, 128, "float16", True),
+    (1, 1, 1, 1, 64, "bfloat16", False),
+    (1, 2, 64, 2048, 128, "bfloat16", True),
+]
+
+
+def accuracy(rows: list[str]) -> None:
+    import numpy as np
+
+    from kernel.adapters._torch import float64_reference
+    from kernel.adapters.own_sm90 import create
+    from reference.bounds import error_bound, lse_error_bound
+    from reference.case import INPUT_DTYPES, AttentionCase, Mask
+    from reference.compare import compare
+
+    adapter = create()
+    seen: set[tuple[str, int, bool]] = set()
+    for B, H, Sq, Sk, D, dtype, causal in ACCURACY_SHAPES:
+        label = f"B={B} H={H} Sq={Sq} Sk={Sk} D={D} {dtype} {'causal' if causal else 'full'}"
+        try:
+            rng = np.random.default_rng(Sq + 7 * Sk + D)
+            q, k, v = (
+                rng.standard_normal((B, n, H, D)).astype(INPUT_DTYPES[dtype]) for n in (Sq, Sk, Sk)
+            )
+            case = AttentionCase(q, k, v, mask=Mask(causal=causal), label=label)
+            start = time.perf_counter()
+            result = adapter(case)
+            first = time.perf_counter() - start
+            key = (dtype, D, causal)
+            note = f"first call {first:.1f} s (compile)" if key not in seen else ""
+            seen.add(key)
+            reference = float64_reference(case)
+            precision = adapter.spec.precision_for(dtype)
+            bound = error_bound(case, reference, precision, block_n=adapter.spec.tile_n)
+            lse_bound = lse_error_bound(case, reference, precision, block_n=adapter.spec.tile_n)
+            report = compare(
+                result, reference, bound=bound, output_dtype=dtype, lse_bound=lse_bound
+            )
+            verdict = "PASS" if report.passed else "FAIL"
+            print(f"[accuracy] {verdict} {label}: {report.summary()} {note}", flush=True)
+            rows.append(
+                f"accuracy  {verdict}  {label}: max|err| {report.max_abs:.3g}, "
+                f"{report.max_bound_fraction:.3g} of bound, max {report.max_ulp:.3g} ulp, "
+                f"lse max|err| {report.lse_max_abs:.3g}"
+            )
+        except Exception:  # noqa: BLE001 - report and go on to the next shape
+            traceback.print_exc()
+            rows.append(f"accuracy  ERROR {label}: see traceback above")
+
+
+def run_pytest(rows: list[str], timeout_s: float) -> None:
+    env = dict(os.environ, HYPOTHESIS_PROFILE="debug")  # 10 examples, verbose
+    command = [sys.executable, "-m", "pytest", "properties/test_own_kernels.py", "-m", "gpu"]
+    command += ["-q", "-x", "-p", "no:cacheprovider"]
+    start = time.perf_counter()
+    try:
+        done = subprocess.run(
+            command, cwd=ROOT, env=env, timeout=timeout_s, capture_output=True, text=True
+        )
+        output = done.stdout + done.stderr
+        print(output[-6000:], flush=True)
+        last = [line for line in output.splitlines() if line.strip()][-1:] or ["(no output)"]
+        rows.append(
+            f"pytest    rc={done.returncode} in {time.perf_counter() - start:.0f} s: {last[0]}"
+        )
+    except subprocess.TimeoutExpired as expired:
+        output = expired.stdout or ""
+        output = output.decode(errors="replace") if isinstance(output, bytes) else output
+        print(output[-4000:], flush=True)
+        rows.append(f"pytest    TIMEOUT after {timeout_s:.0f} s")
+
+
+def _tflops(flops: float, fn: Callable[[], object]) -> float:
+    from triton.testing import do_bench
+
+    try:
+        fn()
+        return flops / do_bench(fn) / 1e9
+    except Exception:  # noqa: BLE001 - a failing backend gives NaN in the table
+        traceback.print_exc()
+        return float("nan")
+
+
+def _bench_shape(B: int, H: int, S: int, D: int, causal: bool) -> list[float]:
+    """TFLOP/s of own-sm90, SDPA FLASH and SDPA cuDNN on one bf16 shape (Sq == Sk, so SDPA's
+    top-left causal equals the kernel's bottom-right)."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from kernel.adapters.own_sm90 import launch
+
+    flops = 4 * B * H * S * S * D / (2 if causal else 1)
+    q, k, v = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    out = torch.empty_like(q)
+    lse = torch.empty(B, H, S, device="cuda", dtype=torch.float32)
+    cells = [_tflops(flops, partial(launch, q, k, v, out, lse, D**-0.5, causal=causal))]
+    qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+    sdpa = partial(torch.nn.functional.scaled_dot_product_attention, qt, kt, vt, is_causal=causal)
+    for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION):
+        with sdpa_kernel(backend):
+            cells.append(_tflops(flops, sdpa))
+    return cells
+
+
+def bench(rows: list[str]) -> None:
+    rows.append("bench     bf16 D=128, TFLOP/s (median of triton do_bench):")
+    header = ("B", "H", "S", "causal", "own-sm90", "sdpa-flash", "sdpa-cudnn")
+    widths = (2, 3, 6, 6, 9, 10, 10)
+    rows.append("bench     " + " ".join(f"{h:>{w}}" for h, w in zip(header, widths, strict=True)))
+    for B, H, S in ((4, 16, 4096), (2, 16, 16384)):
+        for causal in (False, True):
+            try:
+                cells = _bench_shape(B, H, S, 128, causal)
+            except Exception:  # noqa: BLE001 - e.g. out of memory: NaN row, next shape
+                traceback.print_exc()
+                cells = [float("nan")] * 3
+            values = (B, H, S, str(causal), *(f"{c:.0f}" for c in cells))
+            line = "bench     " + " ".join(f"{x:>{w}}" for x, w in zip(values, widths, strict=True))
+            print(line, flush=True)
+            rows.append(line)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--skip-pytest", action="store_true")
+    parser.add_argument("--skip-bench", action="store_true")
+    parser.add_argument("--pytest-timeout", type=float, default=120.0)
+    args = parser.parse_args()
+    rows: list[str] = []
+    for name, part in (
+        ("accuracy", lambda: accuracy(rows)),
+        ("pytest", None if args.skip_pytest else lambda: run_pytest(rows, args.pytest_timeout)),
+        ("bench", None if args.skip_bench else lambda: bench(rows)),
+    ):
+        if part is None:
+            continue
+        start = time.perf_counter()
+        try:
+            part()
+        except Exception:  # noqa: BLE001 - one part's failure must not hide the others
+            traceback.print_exc()
+            rows.append(f"{name:<9} ERROR (traceback above)")
+        print(f"[{name}] {time.perf_counter() - start:.0f} s", flush=True)
+    print("\n==== own-sm90 summary ====")
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()
