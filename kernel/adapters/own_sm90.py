@@ -92,6 +92,7 @@ def launch(
     process."""
     import cuda.bindings.driver as cuda
     import cutlass
+    import cutlass.cute as cute
     import torch
     from cutlass.cute.runtime import from_dlpack
 
@@ -100,6 +101,11 @@ def launch(
 
     if q.shape[2] != k.shape[2]:
         raise ValueError(f"Hq={q.shape[2]} must equal Hkv={k.shape[2]} (no GQA in own-sm90)")
+    if k.shape != v.shape or q.shape[::3] != k.shape[::3] or out.shape != q.shape:
+        raise ValueError(
+            f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, out "
+            f"{tuple(out.shape)}: k and v must match, q/k share B and D, out must match q"
+        )
     dtype = str(q.dtype).removeprefix("torch.")
     key = (dtype, int(q.shape[-1]), bool(causal))
     tensors = [
@@ -113,7 +119,7 @@ def launch(
         kernel = FlashAttentionForwardSm90(
             dtype, key[1], causal, num_consumer_wg=NUM_CONSUMER_WG, tile_n=TILE_N
         )
-        _COMPILED[key] = cutlass.cute.compile(kernel, *tensors, scale_log2, stream)
+        _COMPILED[key] = cute.compile(kernel, *tensors, scale_log2, stream)
     _COMPILED[key](*tensors, scale_log2, stream)
 
 
