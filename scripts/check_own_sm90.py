@@ -3,9 +3,10 @@
 Usage (from the repository root, CuTe DSL importable, e.g. after ``source
 .devkit/device-setup.sh``)::
 
-    CUTE_DSL_ARCH=sm_90a python scripts/check_own_sm90.py [--skip-pytest] [--skip-bench]
+    CUTE_DSL_ARCH=sm_90a python scripts/check_own_sm90.py [--skip pytest] [--part bench]
 
-Three independent parts, each in its own try/except so one failure does not hide the others:
+Three independent parts, each in its own process with a time limit, so a failure, a hang or a
+CUDA fault in one does not hide the others:
 
 1. accuracy: a few shapes against a float64 torch reference, error as a fraction of the derived
    bound (reference/bounds.py) and in output-dtype ulps (reference/compare.py); the first call of
@@ -88,7 +89,7 @@ def accuracy(rows: list[str]) -> None:
             rows.append(f"accuracy  ERROR {label}: see traceback above")
 
 
-def run_pytest(rows: list[str], timeout_s: float) -> None:
+def run_pytest(rows: list[str], *, timeout_s: float) -> None:
     env = dict(os.environ, HYPOTHESIS_PROFILE="debug")  # 10 examples, verbose
     command = [sys.executable, "-m", "pytest", "properties/test_own_kernels.py", "-m", "gpu"]
     command += ["-q", "-x", "-p", "no:cacheprovider"]
@@ -139,13 +140,15 @@ def _bench_shape(B: int, H: int, S: int, D: int, causal: bool) -> list[float]:
     for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION):
         with sdpa_kernel(backend):
             cells.append(_tflops(flops, sdpa))
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):  # sanity: a fast wrong kernel is no result
+        cells.append((out.float() - sdpa().transpose(1, 2).float()).abs().max().item())
     return cells
 
 
 def bench(rows: list[str]) -> None:
     rows.append("bench     bf16 D=128, TFLOP/s (median of triton do_bench):")
-    header = ("B", "H", "S", "causal", "own-sm90", "sdpa-flash", "sdpa-cudnn")
-    widths = (2, 3, 6, 6, 9, 10, 10)
+    header = ("B", "H", "S", "causal", "own-sm90", "sdpa-flash", "sdpa-cudnn", "max|own-flash|")
+    widths = (2, 3, 6, 6, 9, 10, 10, 14)
     rows.append("bench     " + " ".join(f"{h:>{w}}" for h, w in zip(header, widths, strict=True)))
     for B, H, S in ((4, 16, 4096), (2, 16, 16384)):
         for causal in (False, True):
@@ -153,34 +156,64 @@ def bench(rows: list[str]) -> None:
                 cells = _bench_shape(B, H, S, 128, causal)
             except Exception:  # noqa: BLE001 - e.g. out of memory: NaN row, next shape
                 traceback.print_exc()
-                cells = [float("nan")] * 3
-            values = (B, H, S, str(causal), *(f"{c:.0f}" for c in cells))
+                cells = [float("nan")] * 4
+            speeds, diff = cells[:3], cells[3]
+            values = (B, H, S, str(causal), *(f"{c:.0f}" for c in speeds), f"{diff:.3g}")
             line = "bench     " + " ".join(f"{x:>{w}}" for x, w in zip(values, widths, strict=True))
             print(line, flush=True)
             rows.append(line)
 
 
+PARTS = {  # name -> (function, wall-clock limit of its process in seconds)
+    "accuracy": (accuracy, 90.0),
+    "pytest": (lambda rows: run_pytest(rows, timeout_s=100.0), 115.0),
+    "bench": (bench, 80.0),
+}
+
+
+def run_part(name: str) -> None:
+    """Run one part in this process; summary rows go to stdout prefixed with ``ROW``."""
+    rows: list[str] = []
+    try:
+        PARTS[name][0](rows)
+    except Exception:  # noqa: BLE001 - report, keep the rows gathered so far
+        traceback.print_exc()
+        rows.append(f"{name:<9} ERROR (traceback above)")
+    for row in rows:
+        print(f"ROW {row}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--skip-pytest", action="store_true")
-    parser.add_argument("--skip-bench", action="store_true")
-    parser.add_argument("--pytest-timeout", type=float, default=120.0)
+    parser.add_argument("--part", choices=list(PARTS), help="run one part in this process")
+    parser.add_argument("--skip", action="append", default=[], choices=list(PARTS))
     args = parser.parse_args()
+    if args.part:
+        run_part(args.part)
+        return
+    # Each part in its own process: a hang or a CUDA fault (which poisons the context) in one
+    # part costs only that part.
     rows: list[str] = []
-    for name, part in (
-        ("accuracy", lambda: accuracy(rows)),
-        ("pytest", None if args.skip_pytest else lambda: run_pytest(rows, args.pytest_timeout)),
-        ("bench", None if args.skip_bench else lambda: bench(rows)),
-    ):
-        if part is None:
+    for name, (_, limit_s) in PARTS.items():
+        if name in args.skip:
             continue
         start = time.perf_counter()
+        command = [sys.executable, str(Path(__file__).resolve()), "--part", name]
         try:
-            part()
-        except Exception:  # noqa: BLE001 - one part's failure must not hide the others
-            traceback.print_exc()
-            rows.append(f"{name:<9} ERROR (traceback above)")
-        print(f"[{name}] {time.perf_counter() - start:.0f} s", flush=True)
+            done = subprocess.run(
+                command, cwd=ROOT, timeout=limit_s, capture_output=True, text=True
+            )
+            output, status = done.stdout + done.stderr, f"exit code {done.returncode}"
+        except subprocess.TimeoutExpired as expired:
+            output = "".join(
+                part.decode(errors="replace") if isinstance(part, bytes) else part or ""
+                for part in (expired.stdout, expired.stderr)
+            )
+            status = f"TIMEOUT after {limit_s:.0f} s (hang?)"
+        print(f"==== {name}: {status}, {time.perf_counter() - start:.0f} s ====")
+        print("\n".join(line for line in output.splitlines() if not line.startswith("ROW ")))
+        part_rows = [line[4:] for line in output.splitlines() if line.startswith("ROW ")]
+        rows += part_rows or [f"{name:<9} no result ({status})"]
     print("\n==== own-sm90 summary ====")
     print("\n".join(rows))
 
