@@ -43,7 +43,7 @@ def machine() -> str:
         f"{platform.platform()} | {cpu} | {os.cpu_count()} cores | Python "
         f"{platform.python_version()} | numpy {np.__version__} | mpmath {mpmath.__version__} "
         f"(backend {mpmath.libmp.BACKEND}) | OPENBLAS_NUM_THREADS="
-        f"{os.environ['OPENBLAS_NUM_THREADS']}"
+        f"{os.environ['OPENBLAS_NUM_THREADS']} | load average {os.getloadavg()[0]:.1f}"
     )
 
 
