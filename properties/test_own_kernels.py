@@ -91,6 +91,78 @@ def test_sm90_has_no_register_spills(capfd: pytest.CaptureFixture[str]) -> None:
 
 @pytest.mark.cpu
 @needs_cutlass
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_sm90_register_views_match_the_mma_layouts(head_dim: int) -> None:
+    """The kernel's re-views of WGMMA fragments, checked on coordinates at trace time:
+
+    * ``acc_as_operand_a`` of the S accumulator holds, value for value, the (row, key) the PV
+      WGMMA expects in its register A operand (P never leaves registers, so a wrong view would
+      multiply P by the wrong V rows);
+    * ``acc_rows_cols`` rows hold one query row each, the same rows in S and in O (the O
+      rescale by ``alpha`` and the final ``1 / row_sum`` hit the right rows), and the four lanes
+      of a quad hold every column of their rows exactly once (the 4-lane row reductions).
+    """
+    import cutlass
+    import cutlass.cute as cute
+    import cutlass.utils.hopper_helpers as sm90_utils
+    from cutlass.cute.nvgpu import OperandMajorMode, warpgroup
+
+    from kernel.adapters.own_sm90 import NUM_CONSUMER_WG, TILE_N
+    from kernel.sm90.fwd import ROWS_PER_WG, acc_as_operand_a, acc_rows_cols
+
+    tile_m = ROWS_PER_WG * NUM_CONSUMER_WG
+    threads = [0, 1, 2, 3, 4, 5, 6, 7, 31, 32, 33, 34, 35, 97, 127, 128, 129, 130, 131, 254]
+    seen: dict[str, dict[int, object]] = {"a": {}, "p": {}, "s_rows": {}, "o_rows": {}}
+
+    def coords(tensor: cute.Tensor) -> list:
+        return [tensor[i] for i in range(cute.size(tensor))]
+
+    def rows_cols(tensor: cute.Tensor) -> list[list]:
+        view = acc_rows_cols(tensor)
+        return [
+            [view[r, c] for c in range(cute.size(view, mode=[1]))]
+            for r in range(cute.size(view, mode=[0]))
+        ]
+
+    @cute.jit
+    def trace() -> None:
+        dtype, k_major = cutlass.BFloat16, OperandMajorMode.K
+        atoms = (NUM_CONSUMER_WG, 1, 1)
+        qk = sm90_utils.make_trivial_tiled_mma(
+            dtype, dtype, k_major, k_major, cutlass.Float32, atoms, (ROWS_PER_WG, TILE_N)
+        )
+        pv = sm90_utils.make_trivial_tiled_mma(
+            dtype,
+            dtype,
+            k_major,
+            OperandMajorMode.MN,
+            cutlass.Float32,
+            atoms,
+            (ROWS_PER_WG, head_dim),
+            warpgroup.OperandSource.RMEM,
+        )
+        for t in threads:
+            cS = qk.get_slice(t).partition_C(cute.make_identity_tensor((tile_m, TILE_N)))
+            cA = pv.get_slice(t).partition_A(cute.make_identity_tensor((tile_m, TILE_N)))
+            cO = pv.get_slice(t).partition_C(cute.make_identity_tensor((tile_m, head_dim)))
+            seen["a"][t], seen["p"][t] = coords(cA), coords(acc_as_operand_a(cS))
+            seen["s_rows"][t], seen["o_rows"][t] = rows_cols(cS), rows_cols(cO)
+
+    cute.compile(trace, options="--gpu-arch=sm_90a")
+    for t in threads:
+        assert seen["p"][t] == seen["a"][t], f"thread {t}: P view != PV A operand"
+        s_rows = [{row for row, _ in line} for line in seen["s_rows"][t]]
+        o_rows = [{row for row, _ in line} for line in seen["o_rows"][t]]
+        assert all(len(rows) == 1 for rows in s_rows), f"thread {t}: a view row mixes rows"
+        assert s_rows == o_rows, f"thread {t}: S rows {s_rows} != O rows {o_rows}"
+    for quad in (0, 4, 32, 128):
+        for r in range(len(seen["s_rows"][quad])):
+            cols = sorted(col for t in range(quad, quad + 4) for _, col in seen["s_rows"][t][r])
+            assert cols == list(range(TILE_N)), f"quad at lane {quad}, row {r}: columns {cols}"
+
+
+@pytest.mark.cpu
+@needs_cutlass
 @given(
     seqlen_q=st.integers(1, 700),
     seqlen_k=st.integers(1, 700),
@@ -119,6 +191,24 @@ def test_kv_block_range_covers_exactly_the_visible_keys(
     assert seen[:, block_of_key < n_block_unmasked].all()
     if causal and seen.any():
         assert n_block_max == block_of_key[seen.any(axis=0)].max() + 1
+
+
+@pytest.mark.cpu
+@needs_cutlass
+@given(seqlen_q=st.integers(1, 300), seqlen_k=st.integers(1, 300), causal=st.booleans())
+def test_key_limit_is_the_visibility_predicate(seqlen_q: int, seqlen_k: int, causal: bool) -> None:
+    """``apply_mask``'s per-row predicate ``j < key_limit(i)`` equals reference/masks.py for
+    every row, empty rows (limit <= 0) included."""
+    from kernel.common.mask import key_limit
+
+    q, kv = (np.zeros((1, n, 1, 1), np.float16) for n in (seqlen_q, seqlen_k))
+    case = AttentionCase(q, kv, kv, mask=Mask(causal=causal))
+    limits = np.array(
+        [key_limit.__wrapped__(i, seqlen_q, seqlen_k, causal) for i in range(seqlen_q)]
+    )
+    np.testing.assert_array_equal(
+        np.arange(seqlen_k)[None, :] < limits[:, None], visible(case, 0, 0)
+    )
 
 
 def _case(

@@ -47,6 +47,17 @@ def kv_block_range(
 
 
 @cute.jit
+def key_limit(
+    row: Int32, seqlen_q: Int32, seqlen_k: Int32, causal: cutlass.Constexpr[bool]
+) -> Int32:
+    """Query row ``row`` sees exactly the keys ``j < key_limit`` (may be <= 0: an empty row)."""
+    limit = seqlen_k
+    if cutlass.const_expr(causal):
+        limit = cutlass.min(limit, row + 1 + seqlen_k - seqlen_q)
+    return limit
+
+
+@cute.jit
 def apply_mask(
     scores: cute.Tensor,
     coords: cute.Tensor,
@@ -62,10 +73,8 @@ def apply_mask(
     position of element ``(r, c)`` is ``(row_offset, col_offset) + coords[r, c]``.
     """
     for r in cutlass.range_constexpr(cute.size(scores, mode=[0])):
-        col_limit = seqlen_k - col_offset
-        if cutlass.const_expr(causal):
-            row = row_offset + coords[r, 0][0]
-            col_limit = cutlass.min(col_limit, row + 1 + seqlen_k - seqlen_q - col_offset)
+        row = row_offset + coords[r, 0][0]
+        col_limit = key_limit(row, seqlen_q, seqlen_k, causal) - col_offset
         for c in cutlass.range_constexpr(cute.size(scores, mode=[1])):
             if coords[r, c][1] >= col_limit:
                 scores[r, c] = -cutlass.Float32.inf
