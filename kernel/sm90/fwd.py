@@ -16,8 +16,10 @@ persistent scheduler. Layouts: q, k, v, o ``[B, S, H, D]`` with unit stride on D
 strides, e.g. guard-banded views), lse ``[B, H, Sq]`` float32; B, H, Sq, Sk dynamic; D static
 (64 or 128); Hq == Hkv (no GQA); bottom-right causal or no mask.
 
-:meth:`FlashAttentionForwardSm90.compile` builds the kernel on fake tensors, so a CPU-only machine
-can compile it for sm_90a (``CUTE_DSL_ARCH=sm_90a``) and inspect the PTX.
+:meth:`FlashAttentionForwardSm90.compile` builds the kernel for sm_90a on fake tensors, so a
+CPU-only machine can compile it and inspect the PTX (properties/test_own_kernels.py). The knobs
+``num_consumer_wg`` = 1 and ``tile_n`` = 64 compile too but only the adapter's configuration
+(2 consumer warpgroups, 128 x 128 tiles, 2 KV stages) is tested.
 """
 
 from __future__ import annotations
@@ -97,7 +99,6 @@ class FlashAttentionForwardSm90:
             raise ValueError(f"tile_n={tile_n!r} must be 64 or 128")
         if kv_stages < 1:
             raise ValueError(f"kv_stages={kv_stages!r} must be >= 1")
-        self.dtype_name = dtype
         self.dtype = DTYPES[dtype]
         self.head_dim = head_dim
         self.causal = causal
