@@ -1,0 +1,1 @@
+"""The project's own SM90 (Hopper, WGMMA) kernels; ``fwd``: the FlashAttention forward."""
