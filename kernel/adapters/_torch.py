@@ -118,6 +118,45 @@ def to_host(tensor: Any) -> np.ndarray:
     return tensor.detach().to("cpu", dtype=tensor.dtype).double().numpy()
 
 
+GUARDED_CHECKS = frozenset(
+    {"input-guard", "prefill", "output-guard", "padding-poison", "determinism", "nonfinite"}
+)
+
+
+class GuardedOutputsAdapter:
+    """Base for adapters whose kernel writes into caller-allocated ``o`` / ``lse``.
+
+    That is what lets the harness prefill the outputs (NaN or zero) and surround them and the
+    inputs with guard bands (:data:`GUARDED_CHECKS`). Subclasses provide ``spec`` and
+    :meth:`launch`; the device transfers, guards and synchronisation live here, once.
+    """
+
+    checks: frozenset[str] = GUARDED_CHECKS
+
+    def launch(self, case: AttentionCase, q: Any, k: Any, v: Any, out: Any, lse: Any) -> None:
+        """Run the kernel on guarded device views ``q, k, v``, writing ``out`` and ``lse``."""
+        raise NotImplementedError
+
+    def __call__(self, case: AttentionCase) -> AttentionResult:
+        return self.run_guarded(case, prefill="zero")[0]
+
+    def run_guarded(
+        self, case: AttentionCase, *, prefill: str
+    ) -> tuple[AttentionResult, tuple[str, ...]]:
+        """One launch with ``prefill``ed outputs; returns the result and any guard writes."""
+        import torch
+
+        q, k, v = (to_device(getattr(case, n)) for n in "qkv")
+        out = GuardedOutput.allocate(
+            (case.B, case.Sq, case.Hq, case.Dv), case.dtype, axis=1, prefill=prefill
+        )
+        lse = GuardedOutput.allocate((case.B, case.Hq, case.Sq), "float32", axis=2, prefill=prefill)
+        self.launch(case, q, k, v, out.view, lse.view)
+        torch.cuda.synchronize()
+        writes = tuple(out.guard_writes("o") + lse.guard_writes("lse"))
+        return AttentionResult(o=to_host(out.view), lse=to_host(lse.view)), writes
+
+
 def float64_reference(case: AttentionCase, device: str = "cuda") -> AttentionResult:
     """Dense float64 attention on the GPU for every row (empty rows: O = 0, LSE = -inf).
 

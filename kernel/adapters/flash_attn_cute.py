@@ -14,10 +14,11 @@ them with guard bands. The public ``flash_attn_varlen_func`` computes the same t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from kernel.adapters import _torch
 from kernel.spec import KernelSpec
-from reference.case import AttentionCase, AttentionResult, CausalAlignment
+from reference.case import AttentionCase, CausalAlignment
 
 
 def _spec() -> KernelSpec:
@@ -37,30 +38,15 @@ def _spec() -> KernelSpec:
 
 
 @dataclass
-class FlashAttnCuteAdapter:
+class FlashAttnCuteAdapter(_torch.GuardedOutputsAdapter):
     """``flash_attn.cute`` forward with guard-banded, prefilled ``out`` and ``lse``."""
 
     spec: KernelSpec = field(default_factory=_spec)
-    checks: frozenset[str] = frozenset(
-        {"input-guard", "prefill", "output-guard", "padding-poison", "determinism", "nonfinite"}
-    )
 
-    def __call__(self, case: AttentionCase) -> AttentionResult:
-        return self.run_guarded(case, prefill="zero")[0]
-
-    def run_guarded(
-        self, case: AttentionCase, *, prefill: str
-    ) -> tuple[AttentionResult, tuple[str, ...]]:
+    def launch(self, case: AttentionCase, q: Any, k: Any, v: Any, out: Any, lse: Any) -> None:
         import torch
         from flash_attn.cute.interface import _flash_attn_fwd
 
-        q, k, v = (_torch.to_device(getattr(case, n)) for n in "qkv")
-        out = _torch.GuardedOutput.allocate(
-            (case.B, case.Sq, case.Hq, case.Dv), case.dtype, axis=1, prefill=prefill
-        )
-        lse = _torch.GuardedOutput.allocate(
-            (case.B, case.Hq, case.Sq), "float32", axis=2, prefill=prefill
-        )
         mask = case.mask
 
         def lengths(values: tuple[int, ...] | None) -> torch.Tensor | None:
@@ -79,12 +65,9 @@ class FlashAttnCuteAdapter:
             window_size_left=mask.window_left,
             window_size_right=mask.window_right,
             return_lse=True,
-            out=out.view,
-            lse=lse.view,
+            out=out,
+            lse=lse,
         )
-        torch.cuda.synchronize()
-        writes = tuple(out.guard_writes("o") + lse.guard_writes("lse"))
-        return AttentionResult(o=_torch.to_host(out.view), lse=_torch.to_host(lse.view)), writes
 
 
 def create() -> FlashAttnCuteAdapter:

@@ -17,7 +17,7 @@ from typing import Any
 
 from kernel.adapters import _torch
 from kernel.spec import KernelSpec
-from reference.case import AttentionCase, AttentionResult, CausalAlignment
+from reference.case import AttentionCase, CausalAlignment
 
 NUM_CONSUMER_WG = 2  # 128-row query tiles
 TILE_N = 128
@@ -40,41 +40,13 @@ def _spec() -> KernelSpec:
 
 
 @dataclass
-class OwnSm90Adapter:
+class OwnSm90Adapter(_torch.GuardedOutputsAdapter):
     """Guard-banded inputs, prefilled and guard-banded ``o`` / ``lse``, one launch per call."""
 
     spec: KernelSpec = field(default_factory=_spec)
-    checks: frozenset[str] = frozenset(
-        {"input-guard", "prefill", "output-guard", "padding-poison", "determinism", "nonfinite"}
-    )
 
-    def __call__(self, case: AttentionCase) -> AttentionResult:
-        return self.run_guarded(case, prefill="zero")[0]
-
-    def run_guarded(
-        self, case: AttentionCase, *, prefill: str
-    ) -> tuple[AttentionResult, tuple[str, ...]]:
-        import torch
-
-        q, k, v = (_torch.to_device(getattr(case, n)) for n in "qkv")
-        out = _torch.GuardedOutput.allocate(
-            (case.B, case.Sq, case.Hq, case.Dv), case.dtype, axis=1, prefill=prefill
-        )
-        lse = _torch.GuardedOutput.allocate(
-            (case.B, case.Hq, case.Sq), "float32", axis=2, prefill=prefill
-        )
-        launch(
-            q,
-            k,
-            v,
-            out.view,
-            lse.view,
-            case.softmax_scale,
-            causal=case.mask.causal,
-        )
-        torch.cuda.synchronize()
-        writes = tuple(out.guard_writes("o") + lse.guard_writes("lse"))
-        return AttentionResult(o=_torch.to_host(out.view), lse=_torch.to_host(lse.view)), writes
+    def launch(self, case: AttentionCase, q: Any, k: Any, v: Any, out: Any, lse: Any) -> None:
+        launch(q, k, v, out, lse, case.softmax_scale, causal=case.mask.causal)
 
 
 def launch(

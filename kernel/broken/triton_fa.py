@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from kernel.adapters import _torch
 from kernel.spec import KernelSpec
-from reference.case import AttentionCase, AttentionResult, CausalAlignment
+from reference.case import AttentionCase, CausalAlignment
 
 BLOCK_M, BLOCK_N = 64, 64
 _BUGS = {
@@ -30,15 +31,12 @@ _BUGS = {
 
 
 @dataclass
-class TritonFlashAdapter:
+class TritonFlashAdapter(_torch.GuardedOutputsAdapter):
     """The Triton kernel with the switches of one variant."""
 
     variant: str
     spec: KernelSpec
     expected_check: str | None
-    checks: frozenset[str] = frozenset(
-        {"input-guard", "prefill", "output-guard", "padding-poison", "determinism", "nonfinite"}
-    )
     switches: dict[str, bool] = field(default_factory=dict)
 
     @classmethod
@@ -58,23 +56,11 @@ class TritonFlashAdapter:
         )
         return cls(variant, spec, expected, switches=switches)
 
-    def __call__(self, case: AttentionCase) -> AttentionResult:
-        return self.run_guarded(case, prefill="zero")[0]
-
-    def run_guarded(
-        self, case: AttentionCase, *, prefill: str
-    ) -> tuple[AttentionResult, tuple[str, ...]]:
+    def launch(self, case: AttentionCase, q: Any, k: Any, v: Any, out: Any, lse: Any) -> None:
         import torch
 
         from kernel.broken._triton_kernel import attention_fwd
 
-        q, k, v = (_torch.to_device(getattr(case, n)) for n in "qkv")
-        out = _torch.GuardedOutput.allocate(
-            (case.B, case.Sq, case.Hq, case.Dv), case.dtype, axis=1, prefill=prefill
-        )
-        lse = _torch.GuardedOutput.allocate(
-            (case.B, case.Hq, case.Sq), "float32", axis=2, prefill=prefill
-        )
         q_len = torch.tensor(
             [case.q_length(b) for b in range(case.B)], dtype=torch.int32, device=q.device
         )
@@ -88,19 +74,15 @@ class TritonFlashAdapter:
             "KEY_LIMIT_PADDED": False,
         }
         switches.update(self.switches)
-        o, l_ = out.view, lse.view
         grid = (max(1, math.ceil(case.Sq / BLOCK_M)), case.B * case.Hq)
         attention_fwd[grid](
-            q, k, v, o, l_, q_len, k_len,
+            q, k, v, out, lse, q_len, k_len,
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
-            l_.stride(0), l_.stride(1),
+            v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
+            lse.stride(0), lse.stride(1),
             case.Hq, case.group_size, case.Sk, case.softmax_scale / math.log(2), case.softmax_scale,
             BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D=case.D, **switches,
         )  # fmt: skip
-        torch.cuda.synchronize()
-        writes = tuple(out.guard_writes("o") + lse.guard_writes("lse"))
-        return AttentionResult(o=_torch.to_host(o), lse=_torch.to_host(l_)), writes
 
 
 def correct() -> TritonFlashAdapter:
