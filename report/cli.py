@@ -5,6 +5,8 @@ attention-report --kernel sdpa-flash --kernel flash-attn-cute --preset gpu-small
 attention-report --kernel mypkg.fa:adapter --sample 50 --tier exact
 attention-report --config-file configs.toml
 attention-report diff old/report.json new/report.json   # exit 1 on regressions
+attention-report --preset gpu-small --kernel sdpa-flash --gpus all --out DIR   # one shard per GPU
+attention-report merge OUT DIR/shard-0-of-2 DIR/shard-1-of-2   # merge --shard K/N runs
 """
 
 from __future__ import annotations
@@ -98,6 +100,18 @@ def _run_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--strict", action="store_true", help="exit 1 when any record fails or errors"
     )
+    shards = parser.add_mutually_exclusive_group()
+    shards.add_argument(
+        "--shard",
+        metavar="K/N",
+        help="run only configs i with i %% N == K (merge the shards with `attention-report merge`)",
+    )
+    shards.add_argument(
+        "--gpus",
+        metavar="all|ID,ID,...",
+        help="one shard per GPU (CUDA_VISIBLE_DEVICES pinned) into OUT/shard-K-of-N, then merge "
+        "into OUT; all: CUDA_VISIBLE_DEVICES or nvidia-smi -L",
+    )
     parser.add_argument(
         "--list-kernels", action="store_true", help="list built-in kernels and exit"
     )
@@ -130,6 +144,18 @@ def _diff_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _merge_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="attention-report merge",
+        description="Merge shard reports (--shard K/N runs: their folders or report.json) into "
+        "one report in OUT; a record key with two different results is refused.",
+    )
+    parser.add_argument("out", help="output directory of the merged report")
+    parser.add_argument("shards", nargs="+", help="shard folders or their report.json")
+    parser.add_argument("--no-html", action="store_true", help="write JSON and Markdown only")
+    return parser
+
+
 def _configs(args: argparse.Namespace, kernels: list) -> list:
     if args.config_file:
         configs = load_config_file(args.config_file)
@@ -158,6 +184,7 @@ def run_main(argv: Sequence[str]) -> int:
             print(f"{name:10} {len(preset(name)):4} configs")
         return 0
     from report.session import resolve_kernels, run_report
+    from report.shard import parse_gpus, parse_shard, run_on_gpus, shard_configs, shard_provenance
 
     options = RunOptions(
         tiers=tuple(args.tier) or TIERS,
@@ -169,6 +196,14 @@ def run_main(argv: Sequence[str]) -> int:
         args.kernel or ["streaming-fa"], isolate=args.isolate, timeout_s=args.kernel_timeout
     )
     configs = _configs(args, kernels)
+    provenance = None
+    if args.gpus is not None:
+        report = run_on_gpus(argv, parse_gpus(args.gpus), args.out, html=not args.no_html)
+        return _summary_line(report, args.out, args.strict)
+    if args.shard is not None:
+        index, count = parse_shard(args.shard)
+        configs = shard_configs(configs, index, count)
+        provenance = {"shard": shard_provenance(index, count)}
     if args.fresh:
         for name in ("records.jsonl", "report.json", "report.md", "report.html"):
             (Path(args.out) / name).unlink(missing_ok=True)
@@ -180,16 +215,20 @@ def run_main(argv: Sequence[str]) -> int:
         progress=not args.no_progress,
         html=not args.no_html,
         command=["attention-report", *argv],
+        provenance=provenance,
     )
+    return _summary_line(report, args.out, args.strict)
+
+
+def _summary_line(report: dict, out: str, strict: bool) -> int:
+    """Print where the report went; the exit status (1: --strict and a failure)."""
     verdicts = report["summary"]["verdicts"]
-    written = [
-        n for n in ("report.json", "report.md", "report.html") if (Path(args.out) / n).exists()
-    ]
+    written = [n for n in ("report.json", "report.md", "report.html") if (Path(out) / n).exists()]
     print(
         f"attention-report: {report['summary']['records']} records {verdicts} in "
-        f"{report['elapsed_s']:.1f} s -> {args.out}/ ({', '.join(written)})"
+        f"{report['elapsed_s']:.1f} s -> {out}/ ({', '.join(written)})"
     )
-    return 1 if args.strict and (verdicts.get("fail") or verdicts.get("error")) else 0
+    return 1 if strict and (verdicts.get("fail") or verdicts.get("error")) else 0
 
 
 def diff_main(argv: Sequence[str]) -> int:
@@ -209,11 +248,23 @@ def diff_main(argv: Sequence[str]) -> int:
     return 1 if any(r["change"] == "regression" for r in rows) else 0
 
 
+def merge_main(argv: Sequence[str]) -> int:
+    from report.shard import merge_reports
+
+    args = _merge_parser().parse_args(argv)
+    report = merge_reports(
+        args.shards, args.out, html=not args.no_html, command=["attention-report", "merge", *argv]
+    )
+    return _summary_line(report, args.out, strict=False)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if argv[:1] == ["diff"]:
             return diff_main(argv[1:])
+        if argv[:1] == ["merge"]:
+            return merge_main(argv[1:])
         return run_main(argv[1:] if argv[:1] == ["run"] else argv)
     except (ValueError, OSError) as error:  # bad options or inputs: a message, not a traceback
         print(f"attention-report: error: {error}", file=sys.stderr)

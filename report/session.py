@@ -61,9 +61,11 @@ def run_report(
     progress: bool = True,
     html: bool = True,
     command: Sequence[str] | None = None,
+    provenance: dict | None = None,
 ) -> dict:
     """Evaluate every (config, kernel) not yet in ``out_dir``, then write the final outputs
     (``html=False``: JSON and Markdown only). Returns the report (``report.json``'s content).
+    ``provenance``: extra top-level fields (a shard's ``shard`` entry, :mod:`report.shard`).
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -101,15 +103,18 @@ def run_report(
         "elapsed_s": round(time.perf_counter() - start, 3),
         "resumed_records": reused,
         "exact_cache": {"hits": cache.hits, "misses": cache.misses},
-        "summary": {
-            "records": len(records),
-            "verdicts": dict(Counter(r["verdict"] for r in records)),
-        },
+        "summary": summarize(records),
+        **(provenance or {}),
         "records": records,
     }
     validate(report)
     write_outputs(report, out, html=html)
     return report
+
+
+def summarize(records: Sequence[dict]) -> dict:
+    """The report's ``summary``: record count and verdict counts."""
+    return {"records": len(records), "verdicts": dict(Counter(r["verdict"] for r in records))}
 
 
 def write_outputs(report: dict, out: Path, *, html: bool = True) -> list[Path]:
