@@ -8,11 +8,13 @@ the streaming-fa CPU kernel exercises the whole path with the ``tiny`` preset.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
 import pytest
 
+from kernel.registry import resolve
 from report.cli import main
 from report.configs import PRESETS, preset
 from report.schema import validate
@@ -140,6 +142,22 @@ def test_merge_dedupes_equal_records_and_refuses_conflicts(runs, tmp_path: Path,
     assert main(["merge", str(tmp_path / "bad"), str(zero), str(one), str(rerun)]) == 2
     assert "differs between" in capsys.readouterr().err
     assert not (tmp_path / "bad" / "report.json").exists()
+
+
+def unavailable_on_b():
+    """streaming-fa, except in a process pinned to GPU "b": a shard child that fails to start."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES") == "b":
+        raise ValueError("no device b")
+    return resolve("streaming-fa")
+
+
+def test_failed_shard_stops_the_merge(tmp_path: Path, capsys) -> None:
+    kernel = f"{__name__}:unavailable_on_b"
+    assert main([*ARGV, "--kernel", kernel, "--gpus", "a,b", "--out", str(tmp_path)]) == 2
+    error = capsys.readouterr().err
+    assert "shard-1-of-2 exit 2" in error and "no device b" in error
+    assert (tmp_path / "shard-0-of-2" / "report.json").exists()  # the other shard finished
+    assert not (tmp_path / "report.json").exists()
 
 
 def test_merge_refuses_missing_or_unsharded_reports(runs, tmp_path: Path) -> None:
