@@ -198,12 +198,14 @@ def grid(
     lengths: Iterable[tuple[int, int]],
     masks: Iterable[str],
     distributions: Iterable[str],
-    heads: tuple[int, int] = (2, 1),
+    heads: Iterable[tuple[int, int]] = ((2, 1),),
     full: bool = False,
 ) -> list[Config]:
     """Configs over dtype x mask x distribution; head dims and (Sq, Sk) pairs either form a full
     product with them (``full``) or rotate through it, so every value appears without the
-    product's size. varlen masks get B = 3 (one batch empty), others B = 1."""
+    product's size. ``heads`` (Hq, Hkv) pairs rotate too, so kernels without GQA still get
+    configs when an MHA pair is listed. varlen masks get B = 3 (one batch empty), others B = 1."""
+    heads = list(heads)
     head_dims, lengths = list(head_dims), list(lengths)
     combos = list(itertools.product(dtypes, masks, distributions))
     shapes = list(itertools.product(head_dims, lengths))
@@ -212,7 +214,7 @@ def grid(
         chosen = shapes if full else [shapes[(index * 7) % len(shapes)]]
         for D, (Sq, Sk) in chosen:
             B = 3 if mask.startswith("varlen") else 1
-            Hq, Hkv = heads
+            Hq, Hkv = heads[index % len(heads)]
             configs.append(Config(dtype, D, Sq, Sk, B, Hq, Hkv, mask, dist))
     return configs
 
@@ -244,7 +246,7 @@ PRESETS: dict[str, Callable[[], list[Config]]] = {
         lengths=[(128, 128), (1, 1000), (255, 1025), (512, 2048)],
         masks=_GPU_MASKS,
         distributions=_CPU_DISTS,
-        heads=(4, 2),
+        heads=[(4, 2), (4, 4)],
     ),
     "gpu-large": lambda: grid(
         dtypes=["bfloat16", "float16"],
@@ -252,7 +254,7 @@ PRESETS: dict[str, Callable[[], list[Config]]] = {
         lengths=[(1, 8192), (1024, 4097), (2048, 8192), (4096, 4096)],
         masks=_GPU_MASKS,
         distributions=_CPU_DISTS,
-        heads=(8, 2),
+        heads=[(8, 2), (8, 8)],
     ),
 }
 
