@@ -232,3 +232,12 @@ def test_to_dict_round_trips_fields() -> None:
     out = report.to_dict()
     assert out["total"] == np.prod(SHAPE) and out["max_bound_fraction"] is None
     assert out["worst_index"] == [0, 0, 0, 0]
+
+
+def test_lse_shape_error_names_the_argument_at_fault() -> None:
+    B, Sq, Hq, _ = SHAPE
+    o, good = np.zeros(SHAPE), np.zeros((B, Hq, Sq))
+    with pytest.raises(ValueError, match=r"^reference\.lse shape"):
+        compare(result(o, good), result(o, good[:, :, :1]), bound=None, output_dtype="float16")
+    with pytest.raises(ValueError, match=r"^actual\.lse shape"):
+        compare(result(o, good[:1]), result(o, good), bound=None, output_dtype="float16")

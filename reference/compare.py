@@ -299,8 +299,9 @@ def _lse_errors(
         return None, 0
     ref = np.asarray(reference.lse, dtype=np.float64)
     act = np.asarray(actual.lse, dtype=np.float64)
-    if act.shape != ref.shape or ref.shape != row_mask.shape:
-        raise ValueError(f"actual.lse shape {act.shape} must equal [B, Hq, Sq]={row_mask.shape}")
+    for name, x in (("reference.lse", ref), ("actual.lse", act)):
+        if x.shape != row_mask.shape:
+            raise ValueError(f"{name} shape {x.shape} must equal [B, Hq, Sq]={row_mask.shape}")
     evaluated = row_mask & ~np.isnan(ref)
     err = _abs_error(act, ref, np.zeros(ref.shape))
     mismatch = (err > 0) & ~(np.isfinite(act) & np.isfinite(ref))
