@@ -65,16 +65,6 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ["ATTENTION_REPORT_DIR"] = str(report_dir)
 
 
-def _cuda_available() -> tuple[bool, str]:
-    try:
-        import torch
-    except ImportError:
-        return False, "torch is not installed (pip install -e '.[gpu]')"
-    if not torch.cuda.is_available():
-        return False, "no CUDA GPU visible to torch"
-    return True, torch.cuda.get_device_name()
-
-
 def _is_blackwell() -> bool:
     import torch
 
@@ -89,10 +79,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     ]
     if unmarked:
         raise pytest.UsageError(f"every test must be marked cpu or gpu; unmarked: {unmarked[:5]}")
+    from kernel.gpu_workers import cuda_available
+
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_items:
         return
-    has_cuda, reason = _cuda_available()
+    has_cuda, reason = cuda_available()
     for item in gpu_items:
         if not has_cuda:
             item.add_marker(pytest.mark.skip(reason=f"gpu test skipped: {reason}"))
@@ -103,8 +95,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_report_header(config: pytest.Config) -> list[str]:
     import mpmath
 
+    from kernel.gpu_workers import cuda_available
+
     has_cuda, gpu = (
-        _cuda_available() if config.getoption("-m") != "cpu" else (False, "not probed (-m cpu)")
+        cuda_available() if config.getoption("-m") != "cpu" else (False, "not probed (-m cpu)")
     )
     profile = settings.get_current_profile_name()
     return [

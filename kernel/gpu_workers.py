@@ -30,6 +30,17 @@ def visible_gpus() -> list[str]:
     return [str(index) for index, line in enumerate(listing.splitlines()) if line.startswith("GPU")]
 
 
+def cuda_available() -> tuple[bool, str]:
+    """Whether torch sees a CUDA GPU, and the device name or the reason it does not."""
+    try:
+        import torch
+    except ImportError:
+        return False, "torch is not installed (pip install -e '.[gpu]')"
+    if not torch.cuda.is_available():
+        return False, "no CUDA GPU visible to torch"
+    return True, torch.cuda.get_device_name()
+
+
 def gpu_for_worker(worker_id: str, gpus: list[str]) -> str | None:
     """Round-robin assignment: worker ``gwK`` gets ``gpus[K % len(gpus)]``."""
     if not gpus or not worker_id.startswith("gw"):
