@@ -241,3 +241,27 @@ def test_lse_shape_error_names_the_argument_at_fault() -> None:
         compare(result(o, good), result(o, good[:, :, :1]), bound=None, output_dtype="float16")
     with pytest.raises(ValueError, match=r"^actual\.lse shape"):
         compare(result(o, good[:1]), result(o, good), bound=None, output_dtype="float16")
+
+
+@pytest.mark.parametrize("bad", [np.nan, -1.0])
+def test_nan_or_negative_bound_is_rejected_not_passed(bad: float) -> None:
+    B, Sq, Hq, _ = SHAPE
+    ref, actual = np.zeros(SHAPE), np.zeros(SHAPE)
+    actual[0, 0, 0, 0] = 5.0
+    bound = np.ones(SHAPE)
+    bound[0, 0, 0, 0] = bad
+    with pytest.raises(ValueError, match=r"bound .*NaN or negative"):
+        compare(result(actual), result(ref), bound=bound, output_dtype="float32")
+    rows = np.ones((B, Hq, Sq), bool)
+    rows[0, 0, 0] = False  # a bad bound on an element that is not evaluated is ignored
+    report = compare(result(actual), result(ref), bound=bound, output_dtype="float32", rows=rows)
+    assert report.passed and report.total == ref.size - SHAPE[3]
+    lse, lse_bound = np.zeros((B, Hq, Sq)), np.zeros((B, Hq, Sq))
+    lse[0, 0, 0], lse_bound[0, 0, 0] = 5.0, bad
+    with pytest.raises(ValueError, match=r"lse_bound .*NaN or negative"):
+        compare(
+            result(ref, lse), result(ref, np.zeros((B, Hq, Sq))), bound=None,
+            output_dtype="float32", lse_bound=lse_bound,
+        )  # fmt: skip
+    inf_bound = np.full(SHAPE, np.inf)  # allowed: an infinite bound passes any finite error
+    assert compare(result(actual), result(ref), bound=inf_bound, output_dtype="float32").passed

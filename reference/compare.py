@@ -17,6 +17,8 @@ Metrics over the *evaluated* elements (reference not NaN, ``ExactResult.rows`` a
 * ``bound fraction``: ``abs / bound`` (0 / 0 = 0, x / 0 = inf).
 * mismatched: ``abs > bound``, or a non-finite actual where the reference is finite (a NaN
   always mismatches, even with ``bound=None``).
+* ``bound`` / ``lse_bound`` must be >= 0 (inf allowed) on evaluated elements: a NaN or negative
+  bound raises ValueError (``err > NaN`` is False and would pass anything).
 * LSE: ``|actual - reference|`` per row with ``-inf == -inf`` an error of 0 and any other
   disagreement involving an infinity or NaN an error of inf.
 """
@@ -123,7 +125,7 @@ def compare(
     if bound is None:
         fraction, mismatch, score = None, bad_value, err
     else:
-        bound = _as_shape("bound", bound, shape)
+        bound = _checked_bound("bound", _as_shape("bound", bound, shape), evaluated)
         with np.errstate(divide="ignore", invalid="ignore"):
             fraction = np.where(err == 0, 0.0, err / bound)
         fraction = np.where(np.isnan(fraction), np.inf, fraction)
@@ -271,6 +273,20 @@ def _as_shape(name: str, x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return x
 
 
+def _checked_bound(name: str, bound: np.ndarray, evaluated: np.ndarray) -> np.ndarray:
+    """``bound`` as float64; ValueError if it is NaN or negative on an evaluated element
+    (``err > NaN`` is False, so such a bound would silently pass anything)."""
+    bound = np.asarray(bound, dtype=np.float64)
+    bad = evaluated & ~(bound >= 0)
+    if bad.any():
+        where = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(
+            f"{name} must be >= 0 (inf allowed) on every evaluated element: {int(bad.sum())} "
+            f"are NaN or negative, first at {where} = {bound[where]!r}"
+        )
+    return bound
+
+
 def _row_mask(shape: tuple[int, ...], *masks: np.ndarray | None) -> np.ndarray:
     """AND of the given bool ``[B, Hq, Sq]`` row selections (all rows when none)."""
     B, Sq, Hq, _ = shape
@@ -308,6 +324,6 @@ def _lse_errors(
     if lse_bound is not None:
         if np.shape(lse_bound) != ref.shape:
             raise ValueError(f"lse_bound shape {np.shape(lse_bound)} must be {ref.shape}")
-        mismatch |= err > lse_bound
+        mismatch |= err > _checked_bound("lse_bound", lse_bound, evaluated)
     max_abs = float(err[evaluated].max()) if evaluated.any() else 0.0
     return max_abs, int((mismatch & evaluated).sum())
