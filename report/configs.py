@@ -269,19 +269,37 @@ def load_config_file(path: str | Path) -> list[Config]:
     """Configs from JSON (a list of objects, or ``{"config": [...]}``) or TOML (``[[config]]``
     tables). Keys are :class:`Config` fields; missing ones take their defaults."""
     path = Path(path)
-    text = path.read_text()
-    data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    kind = "TOML" if path.suffix == ".toml" else "JSON"
+    try:
+        text = path.read_text()
+        data = tomllib.loads(text) if kind == "TOML" else json.loads(text)
+    except ValueError as error:  # JSONDecodeError, TOMLDecodeError (line, column), UnicodeError
+        raise ValueError(f"config file {path} is not valid {kind}: {error}") from None
     entries = data.get("config") if isinstance(data, dict) else data
     if not isinstance(entries, list) or not entries:
         raise ValueError(f"config file {path} must hold a non-empty list of configs")
-    known = {f.name for f in dataclasses.fields(Config)}
+    fields = dataclasses.fields(Config)
+    known = {f.name for f in fields}
+    required = {f.name for f in fields if f.default is dataclasses.MISSING}
     configs = []
     for index, entry in enumerate(entries):
-        unknown = set(entry) - known if isinstance(entry, dict) else {"<not an object>"}
-        if unknown:
-            raise ValueError(f"{path} config #{index}: unknown keys {sorted(unknown)}")
-        configs.append(Config(**entry))
-    return unique(configs)
+        where = f"config file {path} config #{index}"
+        if not isinstance(entry, dict):
+            raise ValueError(f"{where} must be an object/table of Config fields, got {entry!r:.60}")
+        if set(entry) - known:
+            raise ValueError(
+                f"{where}: unknown keys {sorted(set(entry) - known)}; known: {sorted(known)}"
+            )
+        if required - set(entry):
+            raise ValueError(f"{where}: missing required keys {sorted(required - set(entry))}")
+        try:
+            configs.append(Config(**entry))
+        except ValueError as error:
+            raise ValueError(f"{where}: {error}") from None
+    try:
+        return unique(configs)
+    except ValueError as error:
+        raise ValueError(f"config file {path}: {error}") from None
 
 
 def sampled_configs(count: int, seed: int = 0, spec=None) -> list[SampledConfig]:

@@ -1,0 +1,68 @@
+"""Bad input to ``attention-report`` gives a message naming the field and its rule, exit code 2.
+
+Table-driven, as ``test_argument_validation.py``: one row per malformed invocation or input
+file. Every row fails before any case is evaluated, so the whole table runs in seconds.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from report.cli import main
+
+pytestmark = pytest.mark.cpu
+
+GOOD = {"dtype": "bfloat16", "D": 64, "Sq": 8, "Sk": 8}
+
+
+def _entry(**changes) -> dict:
+    return {key: value for key, value in {**GOOD, **changes}.items() if value is not ...}
+
+
+# (id, file name, file text, words the message must contain): --config-file inputs.
+CONFIG_FILES = [
+    ("missing-Sq-Sk", "c.json", json.dumps([_entry(Sq=..., Sk=...)]), ["#0", "Sq", "Sk"]),
+    ("missing-in-2nd", "c.json", json.dumps([GOOD, _entry(D=...)]), ["#1", "'D'", "missing"]),
+    ("toml-missing-dtype", "c.toml", "[[config]]\nD = 64\nSq = 8\nSk = 8\n", ["#0", "dtype"]),
+    ("unknown-key", "c.json", json.dumps([_entry(Dk=3)]), ["#0", "unknown", "Dk"]),
+    ("entry-not-object", "c.json", "[5]", ["#0", "object"]),
+    ("empty-list", "c.json", "[]", ["non-empty list"]),
+    ("json-syntax", "c.json", '[{"dtype": "bfloat16",', ["not valid JSON", "line 1", "column"]),
+    ("toml-syntax", "c.toml", "[[config]]\ndtype =\n", ["not valid TOML", "line 2"]),
+    ("not-utf8", "c.json", b"\xff\xfe[", ["not valid JSON"]),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "words"),
+    [row[1:] for row in CONFIG_FILES],
+    ids=[row[0] for row in CONFIG_FILES],
+)
+def test_bad_config_file_names_file_entry_and_key(tmp_path, capsys, name, text, words):
+    path = tmp_path / name
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    message = _fails(capsys, ["--config-file", str(path), "--out", str(tmp_path / "out")])
+    assert str(path) in message
+    for word in words:
+        assert word in message
+
+
+def _fails(capsys, argv: list[str]) -> str:
+    """Run the CLI, assert exit code 2 with no traceback; return stderr."""
+    try:
+        code = main(argv)
+    except SystemExit as exit_:  # argparse refuses at parse time
+        code = exit_.code
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "Traceback" not in err
+    return err
+
+
+def _write(tmp_path: Path, entries: list[dict]) -> str:
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(entries))
+    return str(path)
