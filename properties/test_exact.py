@@ -259,3 +259,12 @@ def test_argument_validation() -> None:
         exact_attention(case, np.ones((1, 2), dtype=bool))
     with pytest.raises(ValueError, match="n="):
         sample_rows(case, 0)
+
+
+def test_sample_rows_of_a_case_without_query_rows_is_empty() -> None:
+    q = np.zeros((2, 0, 3, 4), np.float16)
+    kv = np.zeros((2, 5, 3, 4), np.float16)
+    case = AttentionCase(q, kv, kv)
+    rows = sample_rows(case, 3)
+    assert rows.shape == (2, 3, 0) and rows.dtype == np.bool_
+    assert exact_attention(case, rows).o.shape == (2, 0, 3, 4)

@@ -124,6 +124,8 @@ def sample_rows(case: AttentionCase, n: int, seed: int = 0) -> np.ndarray:
         raise ValueError(f"n={n!r} must be an int >= 1 (number of rows to sample)")
     total = case.B * case.Hq * case.Sq
     chosen = np.zeros(total, dtype=bool)
+    if total == 0:  # no rows to sample (Sq = 0): an empty selection
+        return chosen.reshape(case.B, case.Hq, case.Sq)
     chosen[[0, total - 1][: min(n, 2)]] = True
     rest = np.flatnonzero(~chosen)
     extra = min(int(n), total) - int(chosen.sum())
