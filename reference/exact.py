@@ -19,8 +19,9 @@ Certified bound (per row, every column). Let ``n`` be the number of visible keys
 ``P~_j = P_j u`` and ``L~ = sum P~_j >= 1`` (the maximum contributes exactly 1). Each weight obeys
 ``|P~_j - p_j| <= delta = (EXP_FIXED_ERROR_BOUND + 2) u``: the exp argument is truncated to ``F``
 fractional bits (``|exp(x~) - exp(a)| <= |x~ - a| <= u`` since both are <= 0), ``exp_fixed`` is
-within ``EXP_FIXED_ERROR_BOUND`` units of ``u`` (checked in ``properties/test_exact.py``), and a
-weight below ``2^-(F+2)`` is set to 0 without evaluating exp. Because ``sum p_j (v_j - O) = 0``,
+within ``EXP_FIXED_ERROR_BOUND`` units of ``u`` (an *assumption* about mpmath, not proved here:
+checked by sampling in ``properties/test_exact.py``), and a weight below ``2^-(F+2)`` is set to 0
+without evaluating exp. Because ``sum p_j (v_j - O) = 0``,
 
     O~ - O = sum_j (P~_j - p_j) (v_j - O) / L~,   so   |O~ - O| <= n delta R / L~,
 
