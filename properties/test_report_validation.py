@@ -50,6 +50,43 @@ def test_bad_config_file_names_file_entry_and_key(tmp_path, capsys, name, text, 
         assert word in message
 
 
+# (field, its value as JSON text): each makes Config refuse the entry before any case runs.
+CONFIG_VALUES = [
+    ("seed", '"x"'),
+    ("seed", "-1"),
+    ("seed", "true"),
+    ("seed", "1.5"),
+    ("name", "5"),
+    ("noise", "true"),
+    ("noise", "1e400"),
+    ("noise", "-0.5"),
+    ("noise", '"0.1"'),
+    ("dtype", '["bfloat16"]'),
+    ("dtype", '"float64"'),
+    ("mask", '["none"]'),
+    ("mask", '"nope"'),
+    ("distribution", "{}"),
+    ("distribution", '"nope"'),
+    ("D", "0"),
+    ("D", "64.0"),
+    ("Sq", "true"),
+    ("Hkv", "3"),
+    ("Hkv", "0"),
+    ("tile_n", "-128"),
+]
+
+
+@pytest.mark.parametrize(
+    ("key", "value"), CONFIG_VALUES, ids=[f"{k}={v}" for k, v in CONFIG_VALUES]
+)
+def test_bad_config_value_names_the_field(tmp_path, capsys, key, value):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps([GOOD])[:-2] + f', "{key}": {value}}}]')
+    message = _fails(capsys, ["--config-file", str(path), "--out", str(tmp_path / "out")])
+    assert f"config.{key}=" in message
+    assert f"{path} config #0" in message
+
+
 def _fails(capsys, argv: list[str]) -> str:
     """Run the CLI, assert exit code 2 with no traceback; return stderr."""
     try:

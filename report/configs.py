@@ -61,17 +61,18 @@ class Config:
     name: str = ""
 
     def __post_init__(self) -> None:
-        if self.dtype not in INPUT_DTYPES:
+        # isinstance first: a list or dict value would make the membership tests raise TypeError.
+        if not isinstance(self.dtype, str) or self.dtype not in INPUT_DTYPES:
             raise ValueError(f"config.dtype={self.dtype!r} must be one of {sorted(INPUT_DTYPES)}")
         for key in ("D", "Sq", "Sk", "B", "Hq", "Hkv", "tile_n"):
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"config.{key}={value!r} must be an int >= 1")
         if self.Hq % self.Hkv:
-            raise ValueError(f"config.Hq={self.Hq} must be a multiple of Hkv={self.Hkv}")
-        if self.mask not in MASK_KINDS:
+            raise ValueError(f"config.Hq={self.Hq} must be a multiple of config.Hkv={self.Hkv}")
+        if not isinstance(self.mask, str) or self.mask not in MASK_KINDS:
             raise ValueError(f"config.mask={self.mask!r} must be one of {list(MASK_KINDS)}")
-        if self.distribution not in DISTRIBUTIONS:
+        if not isinstance(self.distribution, str) or self.distribution not in DISTRIBUTIONS:
             raise ValueError(
                 f"config.distribution={self.distribution!r} must be one of {distribution_names()}"
             )
@@ -79,8 +80,15 @@ class Config:
             "varlen"
         ):
             raise ValueError(f"config.distribution={self.distribution!r} needs a varlen mask")
-        if not (isinstance(self.noise, (int, float)) and self.noise >= 0):
-            raise ValueError(f"config.noise={self.noise!r} must be a number >= 0")
+        noise = self.noise
+        if isinstance(noise, bool) or not isinstance(noise, (int, float)):
+            raise ValueError(f"config.noise={noise!r} must be a finite number >= 0")
+        if not (math.isfinite(noise) and noise >= 0):  # 1e400 in JSON/TOML parses as inf
+            raise ValueError(f"config.noise={noise!r} must be a finite number >= 0")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
+            raise ValueError(f"config.seed={self.seed!r} must be an int >= 0 (a NumPy seed)")
+        if not isinstance(self.name, str):
+            raise ValueError(f"config.name={self.name!r} must be a string (empty: derived)")
         if not self.name:
             short = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}[self.dtype]
             name = f"{short}-d{self.D}-q{self.Sq}-k{self.Sk}-{self.mask}-{self.distribution}"
