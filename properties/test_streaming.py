@@ -12,6 +12,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import reference.bounds
+import reference.precision
+import reference.streaming
 from properties.strategies import DISTRIBUTIONS, attention_cases
 from reference.case import AttentionCase, Mask
 from reference.exact import exact_attention
@@ -268,3 +271,11 @@ def test_invalid_arguments_raise_value_error(kwargs):
     case = ramp_case(4, softmax_scale=1.0)
     with pytest.raises(ValueError, match=next(iter(kwargs))):
         streaming_attention(case, **kwargs)
+
+
+def test_log_constants_are_defined_once_in_precision() -> None:
+    for name in ("LOG2_E", "LN_2"):
+        shared = getattr(reference.precision, name)
+        assert getattr(reference.streaming, name) is shared, name
+        assert getattr(reference.bounds, name) is shared, name
+    assert reference.precision.LOG2_E * reference.precision.LN_2 == pytest.approx(1.0, rel=1e-15)

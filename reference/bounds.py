@@ -55,7 +55,6 @@ the one float32 GEMM (``sum_k |q_k k_jk|`` of exact 16/32-bit magnitudes) folds 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import ml_dtypes
@@ -63,10 +62,8 @@ import numpy as np
 
 from reference.case import AttentionCase, AttentionResult
 from reference.masks import visible
-from reference.precision import StreamingPrecision
+from reference.precision import LN_2, LOG2_E, StreamingPrecision
 
-LOG2_E = math.log2(math.e)
-LN_2 = math.log(2.0)
 KV_ORDERS = ("forward", "reverse", "any")
 SECOND_ORDER_FACTOR = 1.01  # numerics.md 4.2: covers products of first-order terms
 # Query rows per chunk: rows * Sk float64 score arrays of 2 MiB, and rows * K * Dv <= 8x that.

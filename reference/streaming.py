@@ -17,16 +17,11 @@ Memory is O(block_m * block_n + outputs): the full score matrix is never formed.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from reference.case import AttentionCase, AttentionResult
 from reference.masks import visible
-from reference.precision import StreamingPrecision, round_to
-
-LOG2_E = math.log2(math.e)
-LN_2 = math.log(2.0)
+from reference.precision import LN_2, LOG2_E, StreamingPrecision, round_to
 
 
 class TraceRecorder:
