@@ -87,6 +87,69 @@ def test_bad_config_value_names_the_field(tmp_path, capsys, key, value):
     assert f"{path} config #0" in message
 
 
+@pytest.fixture(scope="module")
+def one_report(tmp_path_factory) -> Path:
+    """A finished one-config report (streaming tier only: about a second)."""
+    out = tmp_path_factory.mktemp("one")
+    argv = ["--preset", "tiny", "--only", "none", "--tier", "streaming", "--repeats", "1"]
+    assert main([*argv, "--no-html", "--no-progress", "--out", str(out)]) == 0
+    return out
+
+
+def _without(record: dict, key: str) -> dict:
+    return {k: v for k, v in record.items() if k != key}
+
+
+# (id, bad file name, its text from (report, record), words the message must hold).
+BAD_REPORTS = [
+    (
+        "record-without-config",
+        "bad.json",
+        lambda rep, rec: json.dumps({**rep, "records": [_without(rec, "config")]}),
+        ["config"],
+    ),
+    ("not-a-report", "bad.json", lambda rep, rec: "[1]", ["schema"]),
+    ("json-syntax", "bad.json", lambda rep, rec: json.dumps(rep)[:-5], ["line 1", "column"]),
+    (
+        "jsonl-without-kernel",
+        "bad.jsonl",
+        lambda rep, rec: json.dumps(_without(rec, "kernel")),
+        ["line 1", "kernel"],
+    ),
+    ("jsonl-torn-line", "bad.jsonl", lambda rep, rec: json.dumps(rec) + "\n{", ["line 2"]),
+    (
+        "jsonl-two-options",
+        "bad.jsonl",
+        lambda rep, rec: json.dumps(rec) + "\n" + json.dumps({**rec, "key": rec["key"] + "x"}),
+        ["two records", "bf16-d64-q33-k70-none-gaussian"],
+    ),
+]
+
+
+@pytest.mark.parametrize("side", ["old", "new"])
+@pytest.mark.parametrize(
+    ("name", "make", "words"), [row[1:] for row in BAD_REPORTS], ids=[row[0] for row in BAD_REPORTS]
+)
+def test_diff_names_the_malformed_report(one_report, tmp_path, capsys, side, name, make, words):
+    report = json.loads((one_report / "report.json").read_text())
+    bad = tmp_path / name
+    bad.write_text(make(report, report["records"][0]))
+    good = str(one_report / "report.json")
+    argv = ["diff", str(bad), good] if side == "old" else ["diff", good, str(bad)]
+    message = _fails(capsys, argv)
+    assert str(bad) in message
+    assert good not in message
+    for word in words:
+        assert word in message
+
+
+def test_merge_names_the_malformed_shard(one_report, tmp_path, capsys):
+    bad = tmp_path / "report.json"
+    bad.write_text("{}")
+    message = _fails(capsys, ["merge", str(tmp_path / "out"), str(tmp_path)])
+    assert str(bad) in message and "schema_version" in message
+
+
 def _fails(capsys, argv: list[str]) -> str:
     """Run the CLI, assert exit code 2 with no traceback; return stderr."""
     try:

@@ -9,24 +9,44 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from pathlib import Path
 
 from report.markdown import fmt
 from report.records import as_float
+from report.schema import SCHEMA_PATH, _errors, load_schema
+from report.session import read_report
 
 _RANK = {"pass": 0, "unsupported": 0, "fail": 1, "error": 2}
 
 
 def load_records(path: str | Path) -> list[dict]:
-    """Records of a ``report.json`` or a ``records.jsonl`` (a run still in progress)."""
+    """Records of a ``report.json`` or a ``records.jsonl`` (a run still in progress), checked
+    against the report schema; an error names the file (and the line of a ``.jsonl``)."""
     path = Path(path)
-    text = path.read_text()
-    if path.suffix == ".jsonl":
-        return [json.loads(line) for line in text.splitlines() if line.strip()]
-    data = json.loads(text)
-    if not isinstance(data, dict) or "records" not in data:
-        raise ValueError(f"{path} is not a report (no 'records' field)")
-    return data["records"]
+    if path.suffix != ".jsonl":
+        return read_report(path)["records"]
+    schema = load_schema()
+    records: dict[str, dict] = {}  # by key, the last line winning, as a resumed run reads them
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError as error:
+            raise ValueError(f"{path} line {number} is not JSON: {error}") from None
+        errors = list(_errors(record, schema["$defs"]["record"], schema, "record"))
+        if errors:
+            raise ValueError(f"{path} line {number} does not match {SCHEMA_PATH.name}: {errors[0]}")
+        records[record["key"]] = record
+    pairs = Counter((r["config"]["name"], r["kernel"]["name"]) for r in records.values())
+    twice = [pair for pair, count in pairs.items() if count > 1]
+    if twice:
+        raise ValueError(
+            f"{path} holds two records of (config, kernel) {twice[0]} under different keys "
+            "(runs with other options or config recipes): diff a finished report.json instead"
+        )
+    return list(records.values())
 
 
 def _fraction(record: dict) -> float | None:

@@ -112,6 +112,17 @@ def run_report(
     return report
 
 
+def read_report(path: str | Path) -> dict:
+    """A ``report.json``, parsed and checked against the schema; any error names the file."""
+    path = Path(path)
+    try:
+        report = json.loads(path.read_text())
+        validate(report)
+    except ValueError as error:  # JSONDecodeError (with line and column) or a schema violation
+        raise ValueError(f"{path}: {error}") from None
+    return report
+
+
 def summarize(records: Sequence[dict]) -> dict:
     """The report's ``summary``: record count and verdict counts."""
     return {"records": len(records), "verdicts": dict(Counter(r["verdict"] for r in records))}

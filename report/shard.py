@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import datetime
-import json
 import os
 import subprocess
 import sys
@@ -23,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from report.schema import SCHEMA_VERSION, validate
-from report.session import summarize, write_outputs
+from report.session import read_report, summarize, write_outputs
 
 _CHILD_LOG = "shard.log"
 
@@ -128,8 +127,7 @@ def load_shard(source: str | Path) -> tuple[Path, dict]:
     path = Path(source)
     if path.is_dir():
         path = path / "report.json"
-    report = json.loads(path.read_text())
-    validate(report)
+    report = read_report(path)
     if "shard" not in report:
         raise ValueError(f"{path} is not a shard report (no 'shard' entry: run with --shard K/N)")
     return path, report
