@@ -8,7 +8,8 @@ a mutant can never silently stop mutating when streaming.py changes.
 
 :func:`hunt` runs the float64 agreement property (the "kernel" against the certified exact tier
 with the derived bound, shared/notes/numerics.md 4.2) under Hypothesis until a counterexample
-appears, and reports how many examples and seconds that took and which case caught it.
+appears, and reports how many examples and seconds that took and which case caught it. Only an
+``AssertionError`` counts as a catch (:func:`is_a_catch`); any other error propagates.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pathlib import Path
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis.errors import Flaky
 
 from reference.bounds import error_bound, lse_error_bound
 from reference.case import AttentionCase, AttentionResult
@@ -206,6 +208,17 @@ class HuntResult:
     message: str = ""
 
 
+def is_a_catch(exc: BaseException) -> bool:
+    """True for the property's failure: an ``AssertionError``, or a group (Hypothesis'
+    several-bugs report) made only of them. ``Flaky`` (a failure that did not reproduce),
+    health checks and any other exception are errors of the hunt, never a catch."""
+    if isinstance(exc, Flaky):
+        return False
+    if isinstance(exc, BaseExceptionGroup):
+        return all(is_a_catch(inner) for inner in exc.exceptions)
+    return isinstance(exc, AssertionError)
+
+
 def hunt(
     attention: Attention,
     strategy: st.SearchStrategy[AttentionCase],
@@ -227,7 +240,7 @@ def hunt(
             state["examples"] += 1
         try:
             float64_agreement(attention, case, block_m=block_m, block_n=block_n)
-        except Exception:
+        except AssertionError:
             if state["first"] is None:
                 state["first"] = (time.perf_counter() - start, case.label)
             state["last"] = case.label
@@ -235,7 +248,9 @@ def hunt(
 
     try:
         agreement()
-    except Exception as exc:  # the counterexample Hypothesis found (after shrinking)
+    except Exception as exc:
+        if not is_a_catch(exc):  # a crash, a health check, flakiness: not a caught bug
+            raise
         seconds, label = state["first"] or (None, None)
         message = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         return HuntResult(

@@ -11,9 +11,18 @@ import inspect
 
 import pytest
 from hypothesis import Phase, settings
+from hypothesis.errors import FailedHealthCheck, FlakyFailure
 
 import reference.streaming
-from properties.mutants import MUTANTS, MutantRotError, Mutation, hunt, load_mutant, mutated_module
+from properties.mutants import (
+    MUTANTS,
+    MutantRotError,
+    Mutation,
+    hunt,
+    is_a_catch,
+    load_mutant,
+    mutated_module,
+)
 from properties.strategies import REFERENCE_SPEC, attention_cases
 
 pytestmark = pytest.mark.cpu
@@ -64,3 +73,25 @@ def test_a_rotted_snippet_is_an_error_not_a_silent_no_op() -> None:
 def test_unknown_mutant_name_is_rejected() -> None:
     with pytest.raises(ValueError, match="name="):
         load_mutant("off_by_two")
+
+
+def test_only_an_assertion_counts_as_a_catch() -> None:
+    """Infrastructure errors (a crashing kernel, a failed health check) must propagate, not be
+    reported as the property catching a bug."""
+
+    def crashes(*args, **kwargs):
+        raise ValueError("infrastructure failure, not a wrong answer")
+
+    with pytest.raises(ValueError, match="infrastructure failure"):
+        _hunt(crashes)
+    with pytest.raises(FailedHealthCheck):
+        hunt(
+            reference.streaming.streaming_attention,
+            attention_cases().filter(lambda case: False),
+            block_m=REFERENCE_SPEC.tile_m,
+            block_n=REFERENCE_SPEC.tile_n,
+            hypothesis_settings=settings(settings.default, database=None, phases=NO_SHRINK),
+        )
+    assert not is_a_catch(FlakyFailure("flaky", [AssertionError("once")]))
+    assert is_a_catch(ExceptionGroup("two bugs", [AssertionError("a"), AssertionError("b")]))
+    assert not is_a_catch(ExceptionGroup("mixed", [AssertionError("a"), ValueError("b")]))
