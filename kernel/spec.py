@@ -16,6 +16,7 @@ from reference.case import INPUT_DTYPES, AttentionCase, AttentionResult, CausalA
 from reference.precision import StreamingPrecision
 
 MASK_KINDS = frozenset({"causal", "window", "varlen", "explicit"})
+_SETS = (frozenset, set, tuple, list)
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,8 @@ class KernelSpec:
     * ``tile_m`` / ``tile_n``: its block sizes; strategies draw lengths around their multiples.
     * ``precision``: its precision chain per input dtype, for the streaming emulation and the bound
       (None = FlashAttention's chain, ``StreamingPrecision.flash_attention(dtype)``).
-    * ``returns_lse``; ``lse_base`` "e" or "2" (adapters should convert to natural log).
+    * ``returns_lse``: it returns an LSE (natural log: adapters convert a base-2 LSE); a kernel
+      declaring it that returns none fails the ``lse`` check.
     * ``device``: "cpu" or "cuda"; ``deterministic``: bitwise-repeatable run to run.
     * ``empty_rows``: what it writes in a valid query row that sees no key: "zero" (O = 0,
       LSE = -inf, the project convention) or "nan" (e.g. a dense softmax over an all-masked row).
@@ -56,6 +58,26 @@ class KernelSpec:
     padded_rows: str = "zero"
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"spec.name={self.name!r} must be a non-empty str")
+        for name in ("dtypes", "mask_kinds", "head_dims", "head_dims_v"):
+            value = getattr(self, name)
+            if not (value is None and name == "head_dims_v") and not isinstance(value, _SETS):
+                raise ValueError(
+                    f"spec.{name}={value!r} must be a set (frozenset, set, tuple or list), "
+                    f"not {type(value).__name__}"
+                )
+        for name in ("gqa", "returns_lse", "deterministic"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise ValueError(f"spec.{name}={getattr(self, name)!r} must be a bool")
+        if not isinstance(self.causal_alignment, CausalAlignment):
+            raise ValueError(
+                f"spec.causal_alignment={self.causal_alignment!r} must be a CausalAlignment "
+                f"({', '.join(f'CausalAlignment.{a.name}' for a in CausalAlignment)})"
+            )
+        if not _is_positive_int(self.max_seqlen):
+            raise ValueError(f"spec.max_seqlen={self.max_seqlen!r} must be an int >= 1")
+        self._validate_precision()
         unknown = set(self.dtypes) - set(INPUT_DTYPES)
         if unknown or not self.dtypes:
             raise ValueError(
@@ -83,6 +105,16 @@ class KernelSpec:
             raise ValueError(f"spec.padded_rows={self.padded_rows!r} must be 'zero' or 'unwritten'")
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"spec.device={self.device!r} must be 'cpu' or 'cuda'")
+
+    def _validate_precision(self) -> None:
+        if not isinstance(self.precision, dict):
+            raise ValueError(f"spec.precision={self.precision!r} must be a dict dtype -> chain")
+        for dtype, chain in self.precision.items():
+            if dtype not in INPUT_DTYPES or not isinstance(chain, StreamingPrecision):
+                raise ValueError(
+                    f"spec.precision[{dtype!r}]={chain!r}: keys must be input dtypes "
+                    f"{sorted(INPUT_DTYPES)} and values StreamingPrecision chains"
+                )
 
     def precision_for(self, dtype: str) -> StreamingPrecision:
         """The declared precision chain for inputs of ``dtype``."""
