@@ -43,7 +43,15 @@ def resolve(name_or_path: str) -> KernelAdapter:
         target = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as error:
         raise ValueError(f"kernel={name_or_path!r}: cannot load {path} ({error})") from error
-    adapter = target() if callable(target) and not isinstance(target, KernelAdapter) else target
+    adapter = target
+    if callable(target) and not isinstance(target, KernelAdapter):
+        try:
+            adapter = target()
+        except Exception as error:  # noqa: BLE001 - any failure of a user's factory is a bad name
+            raise ValueError(
+                f"kernel={name_or_path!r}: {path} must be an adapter or a zero-argument factory "
+                f"returning one; calling it raised {type(error).__name__}: {error}"
+            ) from error
     if not isinstance(adapter, KernelAdapter):
         raise ValueError(
             f"kernel={name_or_path!r}: {path} must be an adapter (spec + __call__(case)) or a "

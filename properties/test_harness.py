@@ -7,16 +7,30 @@ worker process that hangs, exits or raises, and check the run goes on with a fre
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 
 from kernel import registry
+from kernel.adapters import _torch, sdpa, streaming
 from kernel.broken.cpu_faults import FaultyAdapter, GuardedNumpyAdapter
-from kernel.harness import CheckFailed, IsolatedKernel, fill_padding, run_case
+from kernel.harness import (
+    ADAPTER_CHECKS,
+    CheckFailed,
+    IsolatedKernel,
+    applied_checks,
+    fill_padding,
+    run_case,
+)
+from kernel.references import output_dtype
 from properties.strategies import attention_cases
-from reference.case import AttentionCase, Mask
+from reference.case import AttentionCase, AttentionResult, Mask
+from reference.precision import StreamingPrecision
 
 pytestmark = pytest.mark.cpu
 
@@ -49,7 +63,7 @@ def test_each_defensive_check_catches_its_bug(bug: str, check: str) -> None:
 def test_correct_guarded_kernel_passes_every_check() -> None:
     verdict = run_case(GuardedNumpyAdapter(), _case(PADDED))
     verdict.raise_for()
-    expected = {"prefill", "output-guard", "padding-poison", "determinism", "bound", "lse"}
+    expected = {"unwritten", "output-guard", "padding-read", "determinism", "bound", "lse"}
     assert expected <= verdict.applied
 
 
@@ -107,6 +121,28 @@ def test_isolated_worker_reports_fault_saves_case_and_recovers(
         worker.close()
 
 
+def slow_start() -> FaultyAdapter:
+    """A kernel whose set-up (in the worker, before "ready") outlasts the call timeout."""
+    time.sleep(3.0)
+    return FaultyAdapter("none")
+
+
+def test_call_timeout_excludes_the_worker_start() -> None:
+    """Regression: spawn + imports + kernel set-up once counted against ``timeout_s``."""
+    worker = IsolatedKernel("properties.test_harness:slow_start", timeout_s=1.5)
+    try:
+        run_case(FaultyAdapter("none"), _case(), isolated=worker, compare=False).raise_for()
+    finally:
+        worker.close()
+
+
+@pytest.mark.parametrize("field", ["timeout_s", "start_timeout_s"])
+@pytest.mark.parametrize("value", [-1, 0, float("nan"), "5", True])
+def test_isolated_kernel_rejects_bad_timeouts(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=f"^{field}=.* must be a number of seconds > 0"):
+        IsolatedKernel("streaming-fa", **{field: value})
+
+
 def test_isolated_worker_runs_a_healthy_kernel() -> None:
     worker = IsolatedKernel("streaming-fa", timeout_s=60.0)
     try:
@@ -135,8 +171,115 @@ def test_registry_resolves_names_and_dotted_paths() -> None:
         ("no-such-kernel", "built-in name"),
         ("kernel.no_module:thing", "cannot load"),
         ("kernel.registry:BUILTIN", "must be an adapter"),
+        ("os.path:join", "calling it raised TypeError"),
     ],
 )
 def test_registry_rejects_bad_names(name: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         registry.resolve(name)
+
+
+class _Scripted(GuardedNumpyAdapter):
+    """The guarded kernel with ``edit(call_index, result)`` applied to each call's result."""
+
+    def __init__(self, edit, **spec_changes) -> None:
+        super().__init__()
+        self.spec = dataclasses.replace(self.spec, **spec_changes)
+        self.edit, self.calls = edit, 0
+
+    def run_guarded(self, case, *, prefill):
+        result, writes = super().run_guarded(case, prefill=prefill)
+        self.edit(self.calls, result)
+        self.calls += 1
+        return result, writes
+
+
+def _flip_zero_sign(call: int, result: AttentionResult) -> None:
+    if call == 1:
+        result.o[result.o == 0] = -0.0  # equal as values, different bits
+
+
+def _nan_in_first_run_only(call: int, result: AttentionResult) -> None:
+    if call == 0:
+        result.o[0, 2, 1, 3] = np.nan
+
+
+@pytest.mark.parametrize("edit", [_flip_zero_sign, _nan_in_first_run_only])
+def test_determinism_compares_bits_both_ways(edit) -> None:
+    """Regression: -0.0 vs 0.0 and NaN-in-A-only passed the value comparison."""
+    adapter = _Scripted(edit)
+    adapter.checks = frozenset({"determinism", "nonfinite"})  # no prefill check to hide behind
+    verdict = run_case(adapter, _case(PADDED), compare=False)
+    assert [f.check for f in verdict.findings] == ["determinism"]
+
+
+def _padded_row_nonzero(call: int, result: AttentionResult) -> None:
+    result.o[1, 10] = 1.0  # batch 1 has q_lengths 5: row 10 is a padded query row
+
+
+@pytest.mark.parametrize(("padded_rows", "checks"), [("zero", ["empty-rows"]), ("unwritten", [])])
+def test_padded_rows_declared_zero_are_checked(padded_rows: str, checks: list[str]) -> None:
+    """Regression: padded query rows of a padded_rows="zero" kernel were never checked."""
+    adapter = _Scripted(_padded_row_nonzero, padded_rows=padded_rows)
+    verdict = run_case(adapter, _case(PADDED), compare=False)
+    assert [f.check for f in verdict.findings] == checks
+
+
+@pytest.mark.parametrize(("returns_lse", "checks"), [(True, ["lse"]), (False, [])])
+def test_declared_lse_must_be_returned(returns_lse: bool, checks: list[str]) -> None:
+    """Regression: a kernel declaring an LSE but returning none skipped every LSE check."""
+
+    def drop_lse(call: int, result: AttentionResult) -> None:
+        object.__setattr__(result, "lse", None)
+
+    adapter = _Scripted(drop_lse, returns_lse=returns_lse)
+    verdict = run_case(adapter, _case(PADDED))
+    assert [f.check for f in verdict.findings] == checks
+
+
+def test_bound_ulps_are_in_the_declared_chains_output_dtype() -> None:
+    """Regression: the harness measured ulps in the input dtype, the report in the chain's
+    output dtype; both now use kernel.references.output_dtype (accumulator when None)."""
+    chain = StreamingPrecision.float64()
+    adapter = _Scripted(
+        lambda call, result: result.o.__setitem__((0, 3, 1, 2), result.o[0, 3, 1, 2] + 0.25),
+        precision={"float16": chain},
+    )
+    assert output_dtype(adapter.spec, "float16") == "float64"
+    verdict = run_case(adapter, _case(PADDED))
+    with pytest.raises(CheckFailed, match=r"ulp \(float64\)"):
+        verdict.raise_for("bound")
+
+
+def test_saved_case_name_is_the_same_in_every_process(tmp_path) -> None:
+    """Regression: the file name used hash(), salted per process."""
+    script = (
+        "import sys; from properties.test_harness import _case, PADDED; "
+        "from kernel.harness import _save; print(_save(_case(PADDED), 'k', 'bound', sys.argv[1]))"
+    )
+    names = {
+        subprocess.run(
+            [sys.executable, "-c", script, str(tmp_path)],
+            env=os.environ | {"PYTHONHASHSEED": seed},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        for seed in ("1", "2")
+    }
+    assert len(names) == 1
+
+
+def test_adapters_declare_checks_in_the_one_vocabulary() -> None:
+    """Adapter ``checks`` name harness checks; the old capability names are refused."""
+    declared = [
+        _torch.GUARDED_CHECKS,
+        sdpa.SdpaAdapter.checks,
+        streaming.StreamingAdapter.checks,
+        GuardedNumpyAdapter.checks,
+    ]
+    assert all(checks <= ADAPTER_CHECKS for checks in declared)
+    adapter = GuardedNumpyAdapter()
+    adapter.checks = frozenset({"prefill", "padding-poison"})
+    with pytest.raises(ValueError, match=r"checks has \['padding-poison', 'prefill'\]"):
+        applied_checks(adapter)

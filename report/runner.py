@@ -1,6 +1,8 @@
 """Evaluate configurations: run each kernel, compare every tier pair, write one record each.
 
-Per (config, kernel) the runner builds the case once and computes
+Per config the runner builds the case once; its reference tiers come from one
+:class:`kernel.references.CaseReferences` shared by the config's kernels (the same code the
+harness's ``bound`` / ``lse`` checks use), which computes
 
 * the exact tier on sampled rows (cached on disk, :mod:`report.cache`),
 * the streaming tier with the kernel's declared precision chain and tile sizes (with a
@@ -20,23 +22,18 @@ import hashlib
 import json
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from reference.case import AttentionCase, AttentionResult
+from kernel.references import PAIR_BOUND_SCALE, CaseReferences, output_dtype
+from reference.case import AttentionCase
 from reference.masks import visible
-from reference.precision import StreamingPrecision
-from reference.streaming import RescaleTrace, streaming_attention
 from report.cache import ExactCache
 from report.plotdata import histogram, row_profile
 from report.records import clean
-from report.subset import RowSubset
 
 TIERS = ("exact", "streaming")
-# Kernel and streaming tier are each within the bound of the exact value, so their difference is
-# within twice the bound: the tolerance of the kernel-vs-streaming pair.
-PAIR_BOUND_SCALE = {"kernel_vs_exact": 1.0, "kernel_vs_streaming": 2.0, "streaming_vs_exact": 1.0}
 
 
 @dataclass(frozen=True)
@@ -74,109 +71,6 @@ class RunOptions:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
 
 
-@dataclass
-class _CaseContext:
-    """What every kernel of one config shares: the case and its tier results, computed lazily.
-
-    Cases above ``options.dense_limit`` multiply-adds get the float64 result, the streaming
-    emulation and the bound on a row subset only (:mod:`report.subset`): the exact tier's
-    sampled rows plus ``options.subset_rows`` evenly spaced ones.
-    """
-
-    case: AttentionCase
-    options: RunOptions
-    exact_cache: ExactCache
-    timings: dict[str, float] = field(default_factory=dict)
-    _memo: dict = field(default_factory=dict)
-
-    def _timed(self, key, label: str, compute: Callable):
-        if key not in self._memo:
-            start = time.perf_counter()
-            self._memo[key] = compute()
-            self.timings[label] = self.timings.get(label, 0.0) + time.perf_counter() - start
-        return self._memo[key]
-
-    def rows(self) -> np.ndarray:
-        from reference.exact import sample_rows
-
-        options = self.options
-        return self._timed(
-            "rows", "exact_s", lambda: sample_rows(self.case, options.rows, options.row_seed)
-        )
-
-    def exact(self):
-        compute = lambda: self.exact_cache.get(self.case, self.rows(), self.options.prec_bits)  # noqa: E731
-        return self._timed("exact", "exact_s", compute)
-
-    def subset(self) -> RowSubset | None:
-        """The evaluated row subset, or None when every row is evaluated."""
-        case = self.case
-        work = case.B * case.Hq * case.Sq * case.Sk * (case.D + case.Dv)
-        if work <= self.options.dense_limit:
-            return None
-
-        def compute():
-            spread = np.linspace(0, case.Sq - 1, min(self.options.subset_rows, case.Sq))
-            sampled = np.flatnonzero(self.rows().any(axis=(0, 1)))
-            return RowSubset.of(case, np.concatenate([spread.round().astype(int), sampled]))
-
-        return self._timed("subset", "streaming_s", compute)
-
-    def evaluated_rows(self) -> np.ndarray | None:
-        """Bool ``[B, Hq, Sq]`` of the rows the float64/streaming results cover (None: all)."""
-        subset = self.subset()
-        return None if subset is None else subset.row_mask()
-
-    def _evaluated_case(self) -> AttentionCase:
-        subset = self.subset()
-        return self.case if subset is None else subset.case
-
-    def _on_rows(self, result: AttentionResult) -> AttentionResult:
-        subset = self.subset()
-        return result if subset is None else subset.scatter(result)
-
-    def _float64_evaluated(self) -> AttentionResult:
-        compute = lambda: streaming_attention(self._evaluated_case(), StreamingPrecision.float64())  # noqa: E731
-        return self._timed("float64", "streaming_s", compute)
-
-    def float64(self) -> AttentionResult:
-        """float64 streaming result, full shape (NaN on rows not evaluated)."""
-        return self._on_rows(self._float64_evaluated())
-
-    def streaming(self, precision: StreamingPrecision, tile_m: int, tile_n: int):
-        """The emulated result and a ``row -> (b, h, i) rescale count`` reader of its trace."""
-
-        def compute():
-            trace = RescaleTrace()
-            result = streaming_attention(
-                self._evaluated_case(), precision, block_m=tile_m, block_n=tile_n, trace=trace
-            )
-            subset = self.subset()
-            index = (lambda i: i) if subset is None else subset.index
-            return self._on_rows(result), lambda b, h, i: (
-                int(trace.rescales[b, h, index(i)]),
-                int(trace.visible_blocks[b, h, index(i)]),
-            )
-
-        return self._timed(("streaming", precision, tile_m, tile_n), "streaming_s", compute)
-
-    def bounds(self, precision: StreamingPrecision, tile_n: int) -> tuple[np.ndarray, np.ndarray]:
-        """Derived bounds on O ``[B, Sq, Hq, Dv]`` and on the LSE ``[B, Hq, Sq]`` (NaN on rows
-        not evaluated)."""
-        from reference.bounds import error_bound, lse_error_bound
-
-        def compute():
-            case, reference = self._evaluated_case(), self._float64_evaluated()
-            bound = error_bound(case, reference, precision, block_n=tile_n)
-            lse_bound = lse_error_bound(case, reference, precision, block_n=tile_n)
-            subset = self.subset()
-            if subset is None:
-                return bound, lse_bound
-            return subset.scatter_o(bound), subset.scatter_rows(lse_bound)
-
-        return self._timed(("bound", precision, tile_n), "bound_s", compute)
-
-
 def record_key(config, kernel: str, options: RunOptions) -> str:
     """Identity of a record for resuming: config recipe, kernel name and run options."""
     return f"{config.name}|{config.digest}|{kernel}|{options.digest}"
@@ -209,10 +103,23 @@ def evaluate(
         for kernel in kernels:
             yield _failed_record(config, kernel, options, "error", f"build: {error}")
         return
-    context = _CaseContext(case, options, cache)
+    context = _references(case, options, cache)
     context.timings["build_s"] = time.perf_counter() - start
     for kernel in kernels:
         yield _evaluate_kernel(config, case, kernel, options, context)
+
+
+def _references(case: AttentionCase, options: RunOptions, cache: ExactCache) -> CaseReferences:
+    """The tiers every kernel of one config shares; the exact tier through the on-disk cache."""
+    return CaseReferences(
+        case,
+        rows=options.rows,
+        row_seed=options.row_seed,
+        prec_bits=options.prec_bits,
+        dense_limit=options.dense_limit,
+        subset_rows=options.subset_rows,
+        exact_source=cache.get,
+    )
 
 
 def _run(kernel: Kernel, case: AttentionCase, options: RunOptions):
@@ -228,9 +135,7 @@ def _run(kernel: Kernel, case: AttentionCase, options: RunOptions):
         return f"{type(error).__name__}: {error}"
 
 
-def _evaluate_kernel(config, case, kernel: Kernel, options, context: _CaseContext) -> dict:
-    from reference.compare import compare
-
+def _evaluate_kernel(config, case, kernel: Kernel, options, context: CaseReferences) -> dict:
     spec = kernel.spec
     verdict = _run(kernel, case, options)
     if isinstance(verdict, str):
@@ -243,34 +148,20 @@ def _evaluate_kernel(config, case, kernel: Kernel, options, context: _CaseContex
         return _failed_record(config, kernel, options, "error", message, findings)
     actual = verdict.result
     precision = spec.precision_for(case.dtype)
-    output_dtype = precision.output_dtype or precision.accum_dtype
-    bound, lse_bound = context.bounds(precision, spec.tile_n)
+    bound, _ = context.bounds(precision, spec.tile_n)
     streamed, rescales = context.streaming(precision, spec.tile_m, spec.tile_n)
     exact = context.exact() if "exact" in options.tiers else None
-    rows = context.rows() if exact is not None else None
-    references = {
-        "kernel_vs_exact": (actual, exact, rows),
-        "kernel_vs_streaming": (
-            actual,
-            streamed if "streaming" in options.tiers else None,
-            context.evaluated_rows(),
-        ),
-        "streaming_vs_exact": (streamed, exact, rows),
-    }
+    rows = context.sampled_rows() if exact is not None else None
     pairs = {}
-    for pair, (tested, reference, pair_rows) in references.items():
-        if reference is None:
-            continue
-        scale = PAIR_BOUND_SCALE[pair]
-        report = compare(
-            tested,
-            reference,
-            bound=bound * scale,
-            lse_bound=lse_bound * scale,
-            output_dtype=output_dtype,
-            rows=pair_rows,
-        )
-        pairs[pair] = {**report.to_dict(), "bound_scale": scale}
+    for pair, tested, tier, wanted in (
+        ("kernel_vs_exact", actual, "exact", "exact"),
+        ("kernel_vs_streaming", actual, "streaming", "streaming"),
+        ("streaming_vs_exact", streamed, "exact", "exact"),
+    ):
+        if wanted in options.tiers:
+            scale = PAIR_BOUND_SCALE[pair]
+            report = context.compare(tested, tier, spec, scale=scale)
+            pairs[pair] = {**report.to_dict(), "bound_scale": scale}
     primary = "kernel_vs_exact" if "kernel_vs_exact" in pairs else "kernel_vs_streaming"
     checked = options.repeats > 1 and spec.deterministic and "determinism" in verdict.applied
     differs = verdict.failed("determinism")
@@ -285,7 +176,7 @@ def _evaluate_kernel(config, case, kernel: Kernel, options, context: _CaseContex
             "status": "ok",
             "message": None,
             "verdict": "pass" if passed else "fail",
-            "output_dtype": output_dtype,
+            "output_dtype": output_dtype(spec, case.dtype),
             "pairs": pairs,
             "primary_pair": primary,
             "worst": _worst_story(case, pairs[primary], rescales),

@@ -74,7 +74,7 @@ class SdpaAdapter:
 
     backend: str
     spec: KernelSpec
-    checks: frozenset[str] = frozenset({"input-guard", "determinism", "nonfinite"})
+    checks: frozenset[str] = frozenset({"determinism", "nonfinite"})
 
     @classmethod
     def create(cls, backend: str) -> SdpaAdapter:

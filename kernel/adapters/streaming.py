@@ -35,7 +35,7 @@ class StreamingAdapter:
     """``streaming_attention(case, spec.precision_for(dtype), block_m/n = spec tiles)``."""
 
     spec: KernelSpec = field(default_factory=_spec)
-    checks: frozenset[str] = frozenset({"padding-poison", "determinism", "nonfinite"})
+    checks: frozenset[str] = frozenset({"padding-read", "determinism", "nonfinite"})
 
     def __call__(self, case: AttentionCase) -> AttentionResult:
         return streaming_attention(

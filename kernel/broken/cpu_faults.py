@@ -68,7 +68,7 @@ class GuardedNumpyAdapter:
     bug: str = "none"
     spec: KernelSpec = field(default_factory=lambda: _spec("cpu-guarded"))
     checks: frozenset[str] = frozenset(
-        {"prefill", "output-guard", "padding-poison", "determinism", "nonfinite"}
+        {"unwritten", "output-guard", "padding-read", "determinism", "nonfinite"}
     )
 
     def __call__(self, case: AttentionCase) -> AttentionResult:

@@ -1,0 +1,270 @@
+"""References at GPU sizes: float64 on all rows or exact on sampled rows, chosen by size.
+
+One :class:`CaseReferences` per case holds every reference tier, computed lazily and once, so
+the harness (:func:`kernel.harness.reference_findings`) and the report
+(:mod:`report.runner`) compare kernels the same way:
+
+* ``float64``: float64 attention on every row: dense torch on the GPU for large cases when the
+  kernel lives there (:func:`kernel.adapters._torch.float64_reference`), else the streaming tier
+  in float64; above ``dense_limit`` multiply-adds only on the exact rows plus ``subset_rows``
+  evenly spaced rows (:mod:`report.subset`), NaN elsewhere;
+* ``exact``: the exact tier (:mod:`reference.exact`) on ``rows`` sampled query rows;
+* ``streaming``: the emulation of a declared precision chain and tile sizes, with its trace;
+* the derived bounds (``reference.bounds``) of a precision chain, from the float64 result.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from kernel.spec import KernelSpec
+from kernel.verdict import Finding
+from reference.case import AttentionCase, AttentionResult
+from reference.precision import StreamingPrecision
+
+# Kernel and streaming tier are each within the bound of the exact value, so their difference is
+# within twice the bound: the tolerance of a pair of two bounded results.
+PAIR_BOUND_SCALE = {"kernel_vs_exact": 1.0, "kernel_vs_streaming": 2.0, "streaming_vs_exact": 1.0}
+TORCH_WORK = 1 << 24  # above this many multiply-adds a CUDA kernel's float64 reference uses torch
+
+
+def work(case: AttentionCase) -> int:
+    """Multiply-adds of dense attention on ``case``: what decides the reference strategy."""
+    return case.B * case.Hq * case.Sq * case.Sk * (case.D + case.Dv)
+
+
+def output_dtype(spec: KernelSpec, dtype: str) -> str:
+    """The dtype whose spacing measures a kernel's ulps: its declared chain's ``output_dtype``,
+    else the chain's ``accum_dtype``. ``output_dtype=None`` means the chain returns the
+    accumulator's values (StreamingPrecision), so those are the values the kernel writes;
+    falling back to the input dtype would count ulps of a format the output is not rounded to.
+    """
+    precision = spec.precision_for(dtype)
+    return precision.output_dtype or precision.accum_dtype
+
+
+@dataclass
+class CaseReferences:
+    """Every reference tier of one case, computed lazily and shared by the kernels checked on it.
+
+    ``rows``: query rows sampled for the exact tier (0: no exact tier); ``dense_limit``: above
+    that many multiply-adds the float64/streaming results and bounds cover a row subset (None:
+    always every row); ``device``: where the kernel runs ("cuda" lets the float64 reference use
+    torch); ``exact_source(case, rows, prec_bits)`` replaces the direct exact computation (e.g.
+    an on-disk cache). ``timings`` accumulates seconds per tier (exact_s, streaming_s, bound_s).
+    """
+
+    case: AttentionCase
+    rows: int = 4
+    row_seed: int = 0
+    prec_bits: int = 128
+    dense_limit: int | None = None
+    subset_rows: int = 256
+    device: str = "cpu"
+    exact_source: Callable[[AttentionCase, np.ndarray, int], Any] | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+    _memo: dict = field(default_factory=dict, repr=False)
+
+    def _timed(self, key: Any, label: str, compute: Callable[[], Any]) -> Any:
+        if key not in self._memo:
+            start = time.perf_counter()
+            self._memo[key] = compute()
+            self.timings[label] = self.timings.get(label, 0.0) + time.perf_counter() - start
+        return self._memo[key]
+
+    def sampled_rows(self) -> np.ndarray | None:
+        """Bool ``[B, Hq, Sq]`` of the exact tier's rows (None without an exact tier)."""
+        if self.rows < 1:
+            return None
+        from reference.exact import sample_rows
+
+        compute = lambda: sample_rows(self.case, self.rows, self.row_seed)  # noqa: E731
+        return self._timed("rows", "exact_s", compute)
+
+    def exact(self) -> Any:
+        """The exact tier on :meth:`sampled_rows` (an ``ExactResult``), or None."""
+        rows = self.sampled_rows()
+        if rows is None:
+            return None
+        from reference.exact import exact_attention
+
+        def compute() -> Any:
+            if self.exact_source is not None:
+                return self.exact_source(self.case, rows, self.prec_bits)
+            return exact_attention(self.case, rows=rows, prec_bits=self.prec_bits)
+
+        return self._timed("exact", "exact_s", compute)
+
+    def subset(self) -> Any:
+        """The evaluated ``report.subset.RowSubset``, or None when every row is evaluated."""
+        case = self.case
+        if self.dense_limit is None or work(case) <= self.dense_limit:
+            return None
+        from report.subset import RowSubset
+
+        def compute() -> Any:
+            spread = np.linspace(0, case.Sq - 1, min(self.subset_rows, case.Sq))
+            sampled = self.sampled_rows()
+            extra = [] if sampled is None else np.flatnonzero(sampled.any(axis=(0, 1)))
+            return RowSubset.of(case, np.concatenate([spread.round().astype(int), extra]))
+
+        return self._timed("subset", "streaming_s", compute)
+
+    def evaluated_rows(self) -> np.ndarray | None:
+        """Bool ``[B, Hq, Sq]`` of the rows the float64/streaming results cover (None: all)."""
+        subset = self.subset()
+        return None if subset is None else subset.row_mask()
+
+    def _evaluated_case(self) -> AttentionCase:
+        subset = self.subset()
+        return self.case if subset is None else subset.case
+
+    def _on_rows(self, result: AttentionResult) -> AttentionResult:
+        subset = self.subset()
+        return result if subset is None else subset.scatter(result)
+
+    def _float64_evaluated(self) -> AttentionResult:
+        return self._timed(
+            "float64", "streaming_s", lambda: float64_reference(self._evaluated_case(), self.device)
+        )
+
+    def float64(self) -> AttentionResult:
+        """float64 result, full shape (NaN on rows not evaluated)."""
+        return self._on_rows(self._float64_evaluated())
+
+    def streaming(self, precision: StreamingPrecision, tile_m: int, tile_n: int):
+        """The emulated result and a ``(b, h, i) -> (rescales, visible blocks)`` trace reader."""
+        from reference.streaming import RescaleTrace, streaming_attention
+
+        def compute():
+            trace = RescaleTrace()
+            result = streaming_attention(
+                self._evaluated_case(), precision, block_m=tile_m, block_n=tile_n, trace=trace
+            )
+            subset = self.subset()
+            index = (lambda i: i) if subset is None else subset.index
+            return self._on_rows(result), lambda b, h, i: (
+                int(trace.rescales[b, h, index(i)]),
+                int(trace.visible_blocks[b, h, index(i)]),
+            )
+
+        return self._timed(("streaming", precision, tile_m, tile_n), "streaming_s", compute)
+
+    def bounds(self, precision: StreamingPrecision, tile_n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Derived bounds on O ``[B, Sq, Hq, Dv]`` and on the LSE ``[B, Hq, Sq]`` (NaN on rows
+        not evaluated), as shared/notes/numerics.md 4.2 prescribes."""
+        from reference.bounds import error_bound, lse_error_bound
+
+        def compute():
+            case, reference = self._evaluated_case(), self._float64_evaluated()
+            bound = error_bound(case, reference, precision, block_n=tile_n)
+            lse_bound = lse_error_bound(case, reference, precision, block_n=tile_n)
+            subset = self.subset()
+            if subset is None:
+                return bound, lse_bound
+            return subset.scatter_o(bound), subset.scatter_rows(lse_bound)
+
+        return self._timed(("bound", precision, tile_n), "bound_s", compute)
+
+    def compare(
+        self, tested: AttentionResult, tier: str, spec: KernelSpec, *, scale: float = 1.0
+    ) -> Any:
+        """``reference.compare.compare`` of ``tested`` against ``tier`` ("exact", "float64" or
+        "streaming", on the rows that tier covers) with ``scale`` times the derived bounds of
+        ``spec``'s precision chain, ulps in :func:`output_dtype`; None without an exact tier."""
+        from reference.compare import compare
+
+        precision = spec.precision_for(self.case.dtype)
+        if tier == "exact":
+            reference, rows = self.exact(), self.sampled_rows()
+            if reference is None:
+                return None
+        elif tier == "float64":
+            reference, rows = self.float64(), self.evaluated_rows()
+        elif tier == "streaming":
+            reference = self.streaming(precision, spec.tile_m, spec.tile_n)[0]
+            rows = self.evaluated_rows()
+        else:
+            raise ValueError(f"tier={tier!r} must be 'exact', 'float64' or 'streaming'")
+        bound, lse_bound = self.bounds(precision, spec.tile_n)
+        return compare(
+            tested,
+            reference,
+            bound=bound * scale,
+            lse_bound=lse_bound * scale,
+            output_dtype=output_dtype(spec, self.case.dtype),
+            rows=rows,
+        )
+
+
+def float64_reference(case: AttentionCase, device: str = "cpu") -> AttentionResult:
+    """float64 attention on every row: dense torch on the GPU for a CUDA kernel's large cases
+    (above :data:`TORCH_WORK` multiply-adds, when CUDA is there), else the streaming tier in
+    float64 (correct to a few float64 ulps either way; the exact tier certifies sampled rows)."""
+    if device == "cuda" and work(case) > TORCH_WORK:
+        from kernel.adapters._torch import cuda_available
+        from kernel.adapters._torch import float64_reference as torch_reference
+
+        if cuda_available()[0]:
+            return torch_reference(case)
+    from reference.streaming import streaming_attention
+
+    return streaming_attention(case, StreamingPrecision.float64())
+
+
+def reference_findings(
+    case: AttentionCase,
+    result: AttentionResult,
+    spec: KernelSpec,
+    *,
+    exact_rows: int = 4,
+    references: CaseReferences | None = None,
+) -> list[Finding]:
+    """``bound`` / ``lse`` findings: the kernel against float64 (all rows) and exact
+    (``exact_rows`` sampled rows), with the derived bounds of the declared precision chain; a
+    ``bound`` message carries the triage (kernel vs streaming emulation, emulation vs exact)."""
+    refs = references or CaseReferences(case, rows=exact_rows, device=spec.device)
+    reports = {tier: refs.compare(result, tier, spec) for tier in ("float64", "exact")}
+    reports = {tier: report for tier, report in reports.items() if report is not None}
+    findings = []
+    if any(r.mismatched for r in reports.values()):
+        findings.append(Finding("bound", _triage(refs, spec, result, reports)))
+    if any(r.lse_mismatched for r in reports.values()):
+        summary = "; ".join(
+            f"{r.lse_mismatched} LSE values outside the bound vs {tier}, "
+            f"max |err| {r.lse_max_abs:.3g}"
+            for tier, r in reports.items()
+            if r.lse_mismatched
+        )
+        findings.append(Finding("lse", summary))
+    return findings
+
+
+def _triage(
+    refs: CaseReferences, spec: KernelSpec, result: AttentionResult, reports: dict[str, Any]
+) -> str:
+    """The three-tier triage of a ``bound`` failure, as text for the finding."""
+    lines = [f"kernel vs float64 (all rows): {reports['float64'].summary()}"]
+    if "exact" in reports:
+        lines.append(f"kernel vs exact (sampled rows): {reports['exact'].summary()}")
+    scale = PAIR_BOUND_SCALE["kernel_vs_streaming"]
+    kernel_emu = refs.compare(result, "streaming", spec, scale=scale)
+    within = "within" if kernel_emu.mismatched == 0 else "OUTSIDE"
+    lines.append(f"kernel vs streaming emulation: {within} {scale:g}x the bound")
+    emu_ok = True
+    if "exact" in reports:
+        precision = spec.precision_for(refs.case.dtype)
+        emulation = refs.streaming(precision, spec.tile_m, spec.tile_n)[0]
+        emu_ok = refs.compare(emulation, "exact", spec).mismatched == 0
+        lines.append(f"streaming emulation vs exact: {'within' if emu_ok else 'OUTSIDE'} the bound")
+    verdict = (
+        "emulation agrees with exact -> kernel implementation bug"
+        if emu_ok
+        else "emulation fails too -> precision chain or bound"
+    )
+    return "\n  ".join([*lines, f"triage: {verdict}"])
