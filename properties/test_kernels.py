@@ -91,10 +91,12 @@ _TRIGGERS = {
 
 @pytest.mark.parametrize("variant", BROKEN)
 def test_broken_triton_kernel_is_caught_by_its_check(variant: str) -> None:
-    """The deliberately broken kernel fails exactly the named check; the correct one passes."""
+    """The deliberately broken kernel fails exactly its named check and no other; the correct one
+    passes."""
     case = _TRIGGERS[variant]()
     broken = resolve(f"kernel.broken.triton_fa:{variant}")
     verdict = run_case(broken, case, isolated=_worker(f"kernel.broken.triton_fa:{variant}"))
+    assert {f.check for f in verdict.findings} == {broken.expected_check}, verdict.findings
     with pytest.raises(CheckFailed, match=f"^{broken.expected_check}:"):
         verdict.raise_for(broken.expected_check)
     baseline = run_case(
