@@ -1,0 +1,80 @@
+"""Launching the project's own CuTe DSL kernels from torch tensors, shared by every own kernel.
+
+Each own kernel declares the same feature set (fp16/bf16, D = 64 or 128, Hq == Hkv,
+bottom-right causal or no mask, natural-log LSE) and is launched the same way: check shapes,
+wrap the torch tensors for CuTe with dynamic layouts, compile once per (dtype, D, causal) per
+process, run on the current stream. torch and cutlass are imported only inside calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from kernel.spec import KernelSpec
+from reference.case import CausalAlignment
+
+# (kernel name, dtype, D, causal) -> compiled kernel, for this process
+_COMPILED: dict[tuple[str, str, int, bool], Any] = {}
+
+
+def own_kernel_spec(name: str, *, tile_m: int, tile_n: int) -> KernelSpec:
+    """The declaration every own kernel shares: exactly what they implement, nothing more."""
+    return KernelSpec(
+        name=name,
+        dtypes=frozenset({"float16", "bfloat16"}),
+        head_dims=frozenset({64, 128}),
+        mask_kinds=frozenset({"causal"}),
+        causal_alignment=CausalAlignment.BOTTOM_RIGHT,
+        gqa=False,
+        tile_m=tile_m,
+        tile_n=tile_n,
+        returns_lse=True,
+        device="cuda",
+        deterministic=True,
+    )
+
+
+def launch(
+    name: str,
+    make_kernel: Callable[[str, int, bool], Any],
+    q: Any,
+    k: Any,
+    v: Any,
+    out: Any,
+    lse: Any,
+    softmax_scale: float,
+    *,
+    causal: bool,
+) -> None:
+    """Run kernel ``name`` on torch CUDA tensors ``q, k, v, out [B, S, H, D]`` and
+    ``lse [B, H, Sq]`` (fp32) on the current stream. ``make_kernel(dtype, D, causal)`` builds
+    the kernel object on first use of that combination in this process."""
+    import cuda.bindings.driver as cuda
+    import cutlass
+    import cutlass.cute as cute
+    import torch
+    from cutlass.cute.runtime import from_dlpack
+
+    from kernel.common.softmax import LOG2_E
+
+    if q.shape[2] != k.shape[2]:
+        raise ValueError(f"Hq={q.shape[2]} must equal Hkv={k.shape[2]} (no GQA in {name})")
+    if k.shape != v.shape or q.shape[::3] != k.shape[::3] or out.shape != q.shape:
+        raise ValueError(
+            f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, out "
+            f"{tuple(out.shape)}: k and v must match, q/k share B and D, out must match q"
+        )
+    dtype = str(q.dtype).removeprefix("torch.")
+    key = (name, dtype, int(q.shape[-1]), bool(causal))
+    tensors = [
+        from_dlpack(t, assumed_align=16).mark_layout_dynamic(leading_dim=t.ndim - 1)
+        for t in (q, k, v, out)
+    ]
+    tensors.append(from_dlpack(lse, assumed_align=4).mark_layout_dynamic(leading_dim=2))
+    scale_log2 = cutlass.Float32(softmax_scale * LOG2_E)
+    stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
+    if key not in _COMPILED:
+        kernel = make_kernel(dtype, key[2], key[3])
+        _COMPILED[key] = cute.compile(kernel, *tensors, scale_log2, stream)
+    _COMPILED[key](*tensors, scale_log2, stream)
