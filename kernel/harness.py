@@ -137,20 +137,26 @@ def run_case(
     if findings and finding_dir is not None:
         path = _save(case, spec.name, findings[0].check, finding_dir)
         findings = [Finding(f.check, f.message, str(path)) for f in findings]
-    always = {"error", "empty-rows"} | ({"crash", "timeout"} if isolated is not None else set())
     return Verdict(
         spec.name,
         case.describe(),
         tuple(findings),
-        applied=frozenset(
-            checks
-            | always
-            | ({"lse"} if spec.returns_lse else set())
-            | ({"bound", "lse"} if compare else set())
-        ),
+        applied=_applied(checks, spec, isolated=isolated is not None, compare=compare),
         declared=tuple(declared),
         result=result,
         seconds=time.perf_counter() - start,
+    )
+
+
+def _applied(
+    checks: frozenset[str], spec: KernelSpec, *, isolated: bool, compare: bool
+) -> frozenset[str]:
+    """Every check a verdict applied: the adapter's and those that always apply."""
+    applied = checks | {"error", "empty-rows"} | ({"crash", "timeout"} if isolated else set())
+    return (
+        applied
+        | ({"lse"} if spec.returns_lse else set())
+        | ({"bound", "lse"} if compare else set())
     )
 
 
