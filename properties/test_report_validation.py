@@ -150,6 +150,63 @@ def test_merge_names_the_malformed_shard(one_report, tmp_path, capsys):
     assert str(bad) in message and "schema_version" in message
 
 
+# (argv, the option the message must name): {file} an existing file, {dir} a directory,
+# {missing} a path that does not exist. Each is refused before a kernel runs.
+CLI_ARGS = [
+    (["--kernel-timeout", "-1"], "--kernel-timeout"),
+    (["--kernel-timeout", "0"], "--kernel-timeout"),
+    (["--kernel-timeout", "nan"], "--kernel-timeout"),
+    (["--rows", "0"], "--rows"),
+    (["--rows", "-3"], "--rows"),
+    (["--rows", "x"], "--rows"),
+    (["--repeats", "0"], "--repeats"),
+    (["--prec-bits", "10"], "--prec-bits"),
+    (["--sample", "0"], "--sample"),
+    (["--sample", "-2"], "--sample"),
+    (["--shard", "3/2"], "--shard"),
+    (["--shard", "a/b"], "--shard"),
+    (["--shard", "1"], "--shard"),
+    (["--shard", "0/2", "--gpus", "0"], "--gpus"),
+    (["--preset", "nope"], "--preset"),
+    (["--preset", "tiny", "--sample", "2"], "--sample"),
+    (["--tier", "nope"], "--tier"),
+    (["--isolate", "sometimes"], "--isolate"),
+    (["--preset", "tiny", "--only", "no-such-config"], "--only"),
+    (["--config-file", "{missing}"], "--config-file"),
+    (["--config-file", "{dir}"], "--config-file"),
+    (["--out", "{file}"], "--out"),
+    (["--out", ""], "--out"),
+    (["--kernel", "no-such-kernel"], "kernel="),
+    (["--kernel", "streaming-fa", "--kernel", "streaming-fa"], "kernels="),
+    (["--gpus", ","], "--gpus"),
+    (["diff", "{file}"], "new"),
+    (["diff", "{missing}", "{file}"], "old"),
+    (["diff", "{file}", "{dir}"], "new"),
+    (["diff", "{file}", "{file}", "--rel-increase", "-1"], "--rel-increase"),
+    (["diff", "{file}", "{file}", "--min-increase", "nan"], "--min-increase"),
+    (["diff", "{file}", "{file}", "--out", "{dir}"], "--out"),
+    (["merge", "{file}", "{dir}"], "out"),
+    (["merge", "{dir}", "{missing}"], "missing"),
+]
+
+
+@pytest.mark.parametrize(("argv", "option"), CLI_ARGS, ids=[" ".join(a) for a, _ in CLI_ARGS])
+def test_bad_option_names_the_option(tmp_path, capsys, argv, option):
+    (tmp_path / "file").write_text("{}")
+    (tmp_path / "dir").mkdir()
+    where = {name: str(tmp_path / name) for name in ("file", "dir", "missing")}
+    message = _fails(capsys, [arg.format(**where) for arg in argv])
+    assert option in message.splitlines()[-1]
+
+
+def test_repeated_tier_is_one_tier(tmp_path):
+    argv = ["--preset", "tiny", "--only", "none", "--tier", "streaming", "--tier", "streaming"]
+    assert (
+        main([*argv, "--repeats", "1", "--no-html", "--no-progress", "--out", str(tmp_path)]) == 0
+    )
+    assert json.loads((tmp_path / "report.json").read_text())["options"]["tiers"] == ["streaming"]
+
+
 def _fails(capsys, argv: list[str]) -> str:
     """Run the CLI, assert exit code 2 with no traceback; return stderr."""
     try:
@@ -160,9 +217,3 @@ def _fails(capsys, argv: list[str]) -> str:
     assert code == 2, err
     assert "Traceback" not in err
     return err
-
-
-def _write(tmp_path: Path, entries: list[dict]) -> str:
-    path = tmp_path / "c.json"
-    path.write_text(json.dumps(entries))
-    return str(path)

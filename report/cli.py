@@ -12,9 +12,10 @@ attention-report merge OUT DIR/shard-0-of-2 DIR/shard-1-of-2   # merge --shard K
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 # OpenBLAS' default threading makes small GEMMs ~750x slower on a 2-core VM (numerics.md 3.4);
@@ -23,8 +24,86 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 from report.configs import PRESETS, load_config_file, preset, sampled_configs, unique  # noqa: E402
 from report.runner import TIERS, RunOptions  # noqa: E402
+from report.shard import parse_shard  # noqa: E402
 
 DEFAULT_OUT = "attention-report-out"
+
+
+# Parse-time checks (argparse ``type=``): a bad value stops the command before any kernel is
+# resolved or case run, with "argument --NAME: <rule>" and exit code 2.
+def _int_at_least(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            raise argparse.ArgumentTypeError(f"{text!r} must be an integer >= {minimum}")
+        return value
+
+    return parse
+
+
+def _run_option(field: str) -> Callable[[str], int]:
+    """An integer that :class:`RunOptions` accepts as ``field`` (its rule, not a copy of it)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} must be an integer") from None
+        try:
+            RunOptions(**{field: value})
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+        return value
+
+    return parse
+
+
+def _finite_float(*, positive: bool) -> Callable[[str], float]:
+    rule = "a finite number > 0" if positive else "a finite number >= 0"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or value < 0 or (positive and value == 0):
+            raise argparse.ArgumentTypeError(f"{text!r} must be {rule}")
+        return value
+
+    return parse
+
+
+def _shard(text: str) -> tuple[int, int]:
+    try:
+        return parse_shard(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _existing_file(text: str) -> str:
+    if not Path(text).is_file():
+        raise argparse.ArgumentTypeError(f"{text!r} must be an existing file")
+    return text
+
+
+def _directory(text: str) -> str:
+    """An output folder: absent (created) or a directory, never an existing file."""
+    if not text:
+        raise argparse.ArgumentTypeError("'' must name a directory (use . for this one)")
+    if Path(text).exists() and not Path(text).is_dir():
+        raise argparse.ArgumentTypeError(
+            f"{text!r} must be a directory (a file of that name exists)"
+        )
+    return text
+
+
+def _not_directory(text: str) -> str:
+    if Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} must be a file path, not a directory")
+    return text
 
 
 def _run_parser() -> argparse.ArgumentParser:
@@ -54,31 +133,41 @@ def _run_parser() -> argparse.ArgumentParser:
     )
     source.add_argument(
         "--sample",
-        type=int,
+        type=_int_at_least(1),
         metavar="N",
         help="N Hypothesis-sampled cases within the first kernel's spec",
     )
     source.add_argument(
         "--config-file",
+        type=_existing_file,
         metavar="PATH",
         help="JSON or TOML list of configs (report/configs.py: Config)",
     )
     parser.add_argument("--sample-seed", type=int, default=0, help="seed of --sample (default 0)")
     parser.add_argument("--only", metavar="TEXT", help="keep configs whose name contains TEXT")
     parser.add_argument(
-        "--rows", type=int, default=32, help="rows per case for the exact tier (default 32)"
+        "--rows",
+        type=_run_option("rows"),
+        default=32,
+        help="rows per case for the exact tier (default 32)",
     )
     parser.add_argument(
-        "--prec-bits", type=int, default=128, help="exact-tier precision (default 128)"
+        "--prec-bits",
+        type=_run_option("prec_bits"),
+        default=128,
+        help="exact-tier precision (default 128)",
     )
     parser.add_argument(
         "--repeats",
-        type=int,
+        type=_run_option("repeats"),
         default=2,
         help="kernel runs per case, >1 checks determinism (default 2)",
     )
     parser.add_argument(
-        "--out", default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})"
+        "--out",
+        type=_directory,
+        default=DEFAULT_OUT,
+        help=f"output directory (default {DEFAULT_OUT})",
     )
     parser.add_argument(
         "--isolate",
@@ -88,7 +177,7 @@ def _run_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--kernel-timeout",
-        type=float,
+        type=_finite_float(positive=True),
         default=300.0,
         help="seconds per kernel call when isolated (default 300)",
     )
@@ -103,6 +192,7 @@ def _run_parser() -> argparse.ArgumentParser:
     shards = parser.add_mutually_exclusive_group()
     shards.add_argument(
         "--shard",
+        type=_shard,
         metavar="K/N",
         help="run only configs i with i %% N == K (merge the shards with `attention-report merge`)",
     )
@@ -126,21 +216,23 @@ def _diff_parser() -> argparse.ArgumentParser:
         prog="attention-report diff",
         description="Compare two reports (report.json or records.jsonl); exit 1 on regressions.",
     )
-    parser.add_argument("old")
-    parser.add_argument("new")
+    parser.add_argument("old", type=_existing_file)
+    parser.add_argument("new", type=_existing_file)
     parser.add_argument(
         "--rel-increase",
-        type=float,
+        type=_finite_float(positive=False),
         default=0.5,
         help="relative growth of error/bound that regresses (default 0.5)",
     )
     parser.add_argument(
         "--min-increase",
-        type=float,
+        type=_finite_float(positive=False),
         default=0.05,
         help="absolute growth needed as well (default 0.05)",
     )
-    parser.add_argument("--out", metavar="FILE", help="also write the Markdown diff here")
+    parser.add_argument(
+        "--out", type=_not_directory, metavar="FILE", help="also write the Markdown diff here"
+    )
     return parser
 
 
@@ -150,7 +242,7 @@ def _merge_parser() -> argparse.ArgumentParser:
         description="Merge shard reports (--shard K/N runs: their folders or report.json) into "
         "one report in OUT; a record key with two different results is refused.",
     )
-    parser.add_argument("out", help="output directory of the merged report")
+    parser.add_argument("out", type=_directory, help="output directory of the merged report")
     parser.add_argument("shards", nargs="+", help="shard folders or their report.json")
     parser.add_argument("--no-html", action="store_true", help="write JSON and Markdown only")
     return parser
@@ -184,10 +276,10 @@ def run_main(argv: Sequence[str]) -> int:
             print(f"{name:10} {len(preset(name)):4} configs")
         return 0
     from report.session import resolve_kernels, run_report
-    from report.shard import parse_gpus, parse_shard, run_on_gpus, shard_configs, shard_provenance
+    from report.shard import parse_gpus, run_on_gpus, shard_configs, shard_provenance
 
     options = RunOptions(
-        tiers=tuple(args.tier) or TIERS,
+        tiers=tuple(dict.fromkeys(args.tier)) or TIERS,  # --tier exact twice: one exact tier
         rows=args.rows,
         prec_bits=args.prec_bits,
         repeats=args.repeats,
@@ -201,7 +293,7 @@ def run_main(argv: Sequence[str]) -> int:
         report = run_on_gpus(argv, parse_gpus(args.gpus), args.out, html=not args.no_html)
         return _summary_line(report, args.out, args.strict)
     if args.shard is not None:
-        index, count = parse_shard(args.shard)
+        index, count = args.shard
         configs = shard_configs(configs, index, count)
         provenance = {"shard": shard_provenance(index, count)}
     if args.fresh:

@@ -60,8 +60,10 @@ def diff_records(
 ) -> list[dict]:
     """One row per (config, kernel) in either report: ``change`` is regression, improvement,
     same, added or removed; ``why`` says what moved."""
-    if rel_increase < 0 or min_increase < 0:
-        raise ValueError(f"rel_increase={rel_increase}, min_increase={min_increase} must be >= 0")
+    if not all(math.isfinite(x) and x >= 0 for x in (rel_increase, min_increase)):  # NaN: never
+        raise ValueError(
+            f"rel_increase={rel_increase}, min_increase={min_increase} must be finite and >= 0"
+        )
 
     def keyed(records):
         return {(r["config"]["name"], r["kernel"]["name"]): r for r in records}
