@@ -15,6 +15,7 @@ import pytest
 from hypothesis import example, given, target
 from hypothesis import strategies as st
 
+import reference.bounds as bounds_module
 import reference.streaming as streaming_module
 from reference.bounds import error_bound, lse_error_bound
 from reference.case import INPUT_DTYPES, AttentionCase, AttentionResult, Mask
@@ -270,3 +271,38 @@ def test_degenerate_lengths(Sq: int, Sk: int) -> None:
     assert bound.shape == ref.o.shape
     assert np.all((bound > 0) == (Sq * Sk > 0))
     assert lse_error_bound(case, ref, precision, block_n=4).shape == (1, 2, Sq)
+
+
+def huge_logit_case(logit: float, Sk: int = 8) -> AttentionCase:
+    """One fp32 query row whose keys score ``logit`` and ``logit - 1``: the exp2 argument's
+    rounding (relative to |logit|) makes every weight uncertain by a share growing with it."""
+    q = np.ones((1, 1, 1, 1), np.float32)
+    k = np.full((1, Sk, 1, 1), logit - 1.0, np.float32)
+    k[0, 0, 0, 0] = logit
+    v = np.linspace(-1.0, 1.0, Sk).reshape(1, Sk, 1, 1).astype(np.float32)
+    return AttentionCase(q, k, v, softmax_scale=1.0)
+
+
+def test_bound_covers_adversarial_weights_when_their_error_is_not_small() -> None:
+    """With weights uncertain by rel = sum w / l ~ 0.95, the worst kernel lowers the weights (on
+    one side of o) and divides by a row sum near l (1 - rel): a first-order factor 1.01 misses
+    that (the LSE bound was 1.68 against an error of 3.02), and from rel >= 1 on no finite bound
+    is rigorous."""
+    precision = StreamingPrecision.flash_attention("float32")
+    chain_ = bounds_module._Chain.of(precision, 2.0, 2.0**-23)
+    case = huge_logit_case(2e6)
+    chunk = next(bounds_module._row_chunks(case, chain_, 128, "any"))
+    p, w, v = chunk.p[0], chunk.w_common[0], case.v[0, :, 0, 0].astype(np.float64)
+    o = p @ v / p.sum()
+    assert 0.5 < w.sum() / p.sum() < 1  # the regime where first order is not enough
+    ref = streaming_attention(case)
+    bound = error_bound(case, ref, precision, block_n=128)[0, 0, 0, 0]
+    lse_bound = lse_error_bound(case, ref, precision, block_n=128)[0, 0, 0]
+    for side in (v < o, v > o, v == v):
+        tilde = p - w * side
+        assert abs(tilde @ v / tilde.sum() - o) <= bound
+        assert abs(np.log(tilde.sum() / p.sum())) <= lse_bound
+    beyond = huge_logit_case(4e6)
+    ref = streaming_attention(beyond)
+    assert np.isinf(error_bound(beyond, ref, precision, block_n=128)).all()
+    assert np.isinf(lse_error_bound(beyond, ref, precision, block_n=128)).all()

@@ -17,40 +17,49 @@ accumulators, ``u_P``, ``sigma_P`` the unit roundoff and subnormal spacing of P'
 
     dt_j  = c gamma_D(u_a) sum_k |q_k k_jk| + u_s (|t_j| + tau + 2 (|c m| + tau) + c |s_j|)
     eta_j = expm1(ln2 dt_j + eps + r_j (eps + u_acc + 3 ln2 u_s (|c m| + tau)))
-    dP_j  = u_P p_j + sigma_P / 2           (P rounded to 16 bits before P V)
     f     = tiny(score dtype)               (exp2 with flush-to-zero, per visible key)
-    |o^_c - o_c| <= 1.01 [ sum_j (p_j eta_j + f) |v_jc - o_c| + sum_j dP_j |v_jc|
-                           + gamma_{Sk + 2 n_b}(u_a) sum_j p_j |v_jc| ] / l
-                    + (gamma_{Sk + 2 n_b}(u_acc) + u_acc) |o_c|
+    w_j   = p_j eta_j + f                   (|p~_j - p_j| <= w_j, p~_j the kernel's weight)
+    dP_j  = u_P (p_j + w_j) + sigma_P / 2   (P rounded to 16 bits before P V)
+    rel   = sum_j w_j / l,  g = gamma_{Sk + 2 n_b}(u_acc),  D = 1 / ((1 - rel) (1 - g))
+    x_c   = D [ (sum_j w_j |v_jc - o_c| + sum_j dP_j |v_jc|
+                 + gamma_{Sk + 2 n_b}(u_a) sum_j (p_j + w_j + dP_j) |v_jc|) / l
+               + (1 + rel) g |o_c| ]
+    |o^_c - o_c| <= (1 + u_acc) x_c + u_acc |o_c|
 
-``r_j`` counts the rescales by ``alpha`` that can follow key j's block: the visible blocks after
-it (``kv_order="forward"``), before it (``"reverse"``), or all other visible blocks (``"any"``,
-valid for every visiting order, the default). When row_sum adds the *rounded* P, ``dP_j``
-multiplies ``|v_jc - o_c|`` instead of ``|v_jc|``. A 16-bit (or any narrower) output multiplies
-the bound by ``1 + u_o`` and adds ``u_o |o_c| + sigma_o / 2``. ``eta_j`` is the exponential of
-the summed relative perturbations, which equals numerics.md's linear sum to first order and
-stays rigorous when a perturbation is not small. An empty row gets bound 0: the kernel must
-return exactly 0. For ``StreamingPrecision.float64()`` every unit roundoff is 2^-53, so the
-bound is about ``Sk 2^-53 sum_j p_j |v_jc| / l``.
+``r_j`` counts the rescales by ``alpha`` that can follow key j's block: the visible blocks after it
+(``kv_order="forward"``), before it (``"reverse"``), or all other visible blocks (``"any"``, valid
+for every visiting order, the default). When row_sum adds the *rounded* P, ``dP_j`` multiplies
+``|v_jc - o_c|`` instead of ``|v_jc|`` (and counts in ``rel``). A 16-bit (or any narrower) output
+multiplies the bound by ``1 + u_o`` and adds ``u_o |o_c| + sigma_o / 2``. ``eta_j`` is the
+exponential of the summed relative perturbations, which equals numerics.md's linear sum to first
+order and stays rigorous when a perturbation is not small. ``D`` is exact, not a first-order factor:
+the kernel divides by a row sum ``L~ >= l (1 - rel) (1 - g)``, so when ``rel`` (or ``g``) reaches 1
+the divisor is not bounded away from 0 and the row's bound is inf. An empty row gets bound 0: the
+kernel must return exactly 0. For ``StreamingPrecision.float64()`` every unit roundoff is 2^-53, so
+the bound is about ``Sk 2^-53 sum_j p_j |v_jc| / l``.
 
 LSE (natural log; a kernel computes ``m scale + ln l`` or ``(m c + log2 l) ln 2``)::
 
-    |lse^ - lse| <= 1.01 [ sum_j (p_j eta_j + f) / l + (sum_j dP_j / l if row_sum adds rounded P)
-                           + gamma_{Sk + 2 n_b}(u_acc) + eps max(1, ln l) ]
-                    + 3 u_s (|m scale| + tau ln2 + |lse|)
+    r = rel (+ sum_j dP_j / l if row_sum adds rounded P) + g (1 + that),  d = -ln(1 - r)
+    |lse^ - lse| <= d + eps max(1, ln l + d) + 3 u_s (|m scale| + tau ln2 + |lse|)
+
+(``|ln L~ - ln l| <= -ln(1 - r)`` when ``|L~ - l| <= r l``; inf when ``r >= 1``.)
 
 Departures from numerics.md 4.2, all towards rigour: the flush-to-zero term ``f`` weights
 ``|v - o|`` (it perturbs the row sum too) rather than ``|v|``; ``eta`` is an ``expm1``; the
-threshold ``tau`` and the output's subnormal spacing are included; ``r_j`` may count every
-visible block (``"any"``). The chain assumes Q K^T is formed from the unscaled inputs (the scale
-is folded into exp2, as FlashAttention does), not from a pre-scaled, re-rounded Q.
+threshold ``tau`` and the output's subnormal spacing are included; ``r_j`` may count every visible
+block (``"any"``); numerics.md's first-order factor 1.01 is replaced by the exact ``D`` and
+``-ln(1 - r)``, and ``dP_j`` and the P V term use the perturbed ``p_j + w_j``. The chain assumes Q
+K^T is formed from the unscaled inputs (the scale is folded into exp2, as FlashAttention does), not
+from a pre-scaled, re-rounded Q.
 
 Evaluation: float64, chunked over query rows (O(rows * Sk) memory, never Sq * Sk * D). The
 ``sum_j w_j |v_jc - o_c|`` sums are exact over each row's 64 heaviest keys and use
 ``|v - mu| + |mu - o|`` (``mu`` = V's column mean) for the rest: an upper bound, within 7 % of
-the full sum on the 4.3 families. Rounding in evaluating the bound is covered by the 1.01 factor;
-the one float32 GEMM (``sum_k |q_k k_jk|`` of exact 16/32-bit magnitudes) folds its
-``gamma_D(2^-24)`` into the constant.
+the full sum on the 4.3 families. Rounding in evaluating the bound (float64, relative error far
+below 2^-30 for Sk < 2^20) is covered by a final factor ``1 + 2^-30``; the one float32 GEMM
+(``sum_k |q_k k_jk|`` of exact 16/32-bit magnitudes) folds its ``gamma_D(2^-24)`` into the
+constant.
 """
 
 from __future__ import annotations
@@ -65,7 +74,7 @@ from reference.masks import visible
 from reference.precision import LN_2, LOG2_E, StreamingPrecision
 
 KV_ORDERS = ("forward", "reverse", "any")
-SECOND_ORDER_FACTOR = 1.01  # numerics.md 4.2: covers products of first-order terms
+EVALUATION_SLACK = 1 + 2.0**-30  # float64 rounding in evaluating the bound itself
 # Query rows per chunk: rows * Sk float64 score arrays of 2 MiB, and rows * K * Dv <= 8x that.
 _ROW_CHUNK_ELEMENTS = 1 << 18
 _HEAVY_KEYS = 64  # keys per row whose |v - o| is summed exactly (see _weighted_abs_dev)
@@ -178,11 +187,17 @@ def error_bound(
         o = ref_o[chunk.b, chunk.rows, chunk.h, :]
         if np.isnan(o).any():
             o = np.where(np.isnan(o), chunk.p @ v / l_safe, o)
-        rest = (chunk.w_p + gamma(n, chain.u_pv) * chunk.p) @ np.abs(v)
+        p_mma = chunk.p + chunk.w_common + chunk.w_p  # >= |P~_j| entering P V
+        rest = (chunk.w_p + gamma(n, chain.u_pv) * p_mma) @ np.abs(v)
         numerator = _weighted_abs_dev(chunk.w_common, v, o) + rest
-        out = SECOND_ORDER_FACTOR * numerator / l_safe
-        out += (gamma(n, chain.u_acc) + chain.u_acc) * np.abs(o)
+        rel = chunk.w_common.sum(axis=1, keepdims=True) / l_safe
+        g = gamma(n, chain.u_acc)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            x = (numerator / l_safe + (1 + rel) * g * np.abs(o)) / ((1 - rel) * (1 - g))
+        x = np.where((rel < 1) & (g < 1), x, np.inf)  # L~ may be ~0: no finite bound
+        out = (1 + chain.u_acc) * x + chain.u_acc * np.abs(o)
         out = out * (1 + chain.u_o) + chain.u_o * np.abs(o) + chain.half_sub_o
+        out = np.where(np.isnan(out), np.inf, out * EVALUATION_SLACK)
         bound[chunk.b, chunk.rows, chunk.h, :] = np.where((chunk.l > 0)[:, None], out, 0)
     return bound
 
@@ -215,10 +230,12 @@ def lse_error_bound(
         # Only weights that enter row_sum move the LSE: w_common (it holds dP when row_sum adds
         # the rounded P); P's rounding before P V alone does not.
         relative = chunk.w_common.sum(axis=1) / np.where(nonempty, chunk.l, 1)
-        out = SECOND_ORDER_FACTOR * (
-            relative + gamma(n, chain.u_acc) + chain.eps * np.maximum(1, ln_l)
-        )
+        r = relative + gamma(n, chain.u_acc) * (1 + relative)  # |L~ - l| <= r l
+        with np.errstate(divide="ignore", invalid="ignore"):
+            d = np.where(r < 1, -np.log1p(-np.minimum(r, 1)), np.inf)  # >= |ln L~ - ln l|
+        out = d + chain.eps * np.maximum(1, ln_l + d)
         out += 3 * chain.u_s * (np.abs(chunk.scaled_max) + chain.tau * LN_2 + np.abs(lse))
+        out = np.where(np.isnan(out), np.inf, out * EVALUATION_SLACK)
         bound[chunk.b, chunk.h, chunk.rows] = np.where(nonempty, out, 0)
     return bound
 
@@ -294,7 +311,7 @@ def _weights(b, h, rows, seen, q, k, c, chain: _Chain, block_n: int, kv_order: s
         eta[large] = np.expm1(arg[large])
         w_common = np.where(seen, p * eta + chain.ftz, 0)  # p eta + f
     w_common[np.isnan(w_common)] = np.inf  # p underflowed while eta overflowed
-    w_p = np.where(seen, chain.u_p * p + chain.half_sub_p, 0)
+    w_p = np.where(seen, chain.u_p * (p + w_common) + chain.half_sub_p, 0)  # P~ <= p + w
     if chain.rounded_p_sum:  # row_sum adds the rounded P: its error cancels like a weight error
         w_common, w_p = w_common + w_p, np.zeros_like(w_p)
     return _RowChunk(
