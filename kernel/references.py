@@ -7,7 +7,7 @@ the harness (:func:`kernel.harness.reference_findings`) and the report
 * ``float64``: float64 attention on every row: dense torch on the GPU for large cases when the
   kernel lives there (:func:`kernel.adapters._torch.float64_reference`), else the streaming tier
   in float64; above ``dense_limit`` multiply-adds only on the exact rows plus ``subset_rows``
-  evenly spaced rows (:mod:`report.subset`), NaN elsewhere;
+  evenly spaced rows (:mod:`reference.subset`), NaN elsewhere;
 * ``exact``: the exact tier (:mod:`reference.exact`) on ``rows`` sampled query rows;
 * ``streaming``: the emulation of a declared precision chain and tile sizes, with its trace;
 * the derived bounds (``reference.bounds``) of a precision chain, from the float64 result.
@@ -101,11 +101,11 @@ class CaseReferences:
         return self._timed("exact", "exact_s", compute)
 
     def subset(self) -> Any:
-        """The evaluated ``report.subset.RowSubset``, or None when every row is evaluated."""
+        """The evaluated ``reference.subset.RowSubset``, or None when every row is evaluated."""
         case = self.case
         if self.dense_limit is None or work(case) <= self.dense_limit:
             return None
-        from report.subset import RowSubset
+        from reference.subset import RowSubset
 
         def compute() -> Any:
             spread = np.linspace(0, case.Sq - 1, min(self.subset_rows, case.Sq))
@@ -207,8 +207,8 @@ def float64_reference(case: AttentionCase, device: str = "cpu") -> AttentionResu
     (above :data:`TORCH_WORK` multiply-adds, when CUDA is there), else the streaming tier in
     float64 (correct to a few float64 ulps either way; the exact tier certifies sampled rows)."""
     if device == "cuda" and work(case) > TORCH_WORK:
-        from kernel.adapters._torch import cuda_available
         from kernel.adapters._torch import float64_reference as torch_reference
+        from kernel.gpu_workers import cuda_available
 
         if cuda_available()[0]:
             return torch_reference(case)

@@ -7,7 +7,7 @@ harness's ``bound`` / ``lse`` checks use), which computes
 * the exact tier on sampled rows (cached on disk, :mod:`report.cache`),
 * the streaming tier with the kernel's declared precision chain and tile sizes (with a
   :class:`~reference.streaming.RescaleTrace` for the worst element's story),
-* a float64 streaming result on all rows (a row subset for big cases, :mod:`report.subset`),
+* a float64 streaming result on all rows (a row subset for big cases, :mod:`reference.subset`),
   from which the derived bound is evaluated
   (``reference.bounds.error_bound``, as shared/notes/numerics.md 4.2 prescribes),
 

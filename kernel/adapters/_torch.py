@@ -25,17 +25,6 @@ _GUARD_BITS = {"float16": 0x7E5A, "bfloat16": 0x7FDA, "float32": 0x7FC0A5A5}
 _INT_VIEW = {"float16": "int16", "bfloat16": "int16", "float32": "int32"}
 
 
-def cuda_available() -> tuple[bool, str]:
-    """Whether torch sees a CUDA GPU, and its name or why not (never raises on a CPU machine)."""
-    try:
-        import torch
-    except ImportError:
-        return False, "torch is not installed (pip install -e '.[gpu]')"
-    if not torch.cuda.is_available():
-        return False, "no CUDA GPU visible to torch"
-    return True, torch.cuda.get_device_name()
-
-
 def torch_dtype(name: str) -> Any:
     import torch
 
