@@ -17,11 +17,11 @@ from hypothesis import strategies as st
 
 import reference.bounds as bounds_module
 import reference.streaming as streaming_module
-from reference.bounds import error_bound, lse_error_bound
+from reference.bounds import error_bound, lse_error_bound, visible_v_range
 from reference.case import INPUT_DTYPES, AttentionCase, AttentionResult, Mask
 from reference.compare import assert_within_bound, compare
 from reference.exact import exact_attention
-from reference.masks import empty_rows
+from reference.masks import empty_rows, visible_all
 from reference.precision import StreamingPrecision, round_to
 from reference.streaming import streaming_attention
 
@@ -306,3 +306,15 @@ def test_bound_covers_adversarial_weights_when_their_error_is_not_small() -> Non
     ref = streaming_attention(beyond)
     assert np.isinf(error_bound(beyond, ref, precision, block_n=128)).all()
     assert np.isinf(lse_error_bound(beyond, ref, precision, block_n=128)).all()
+
+
+def test_visible_v_range_is_the_spread_over_visible_keys() -> None:
+    case = family_case("masked_rows", "bfloat16", Sq=12, Sk=40, D=8, Hkv=1, group=2, seed=5)
+    got = visible_v_range(case)
+    seen = visible_all(case)  # [B, Hq, Sq, Sk]
+    v = np.repeat(case.v.astype(np.float64), case.group_size, axis=2)  # [B, Sk, Hq, Dv]
+    for b, h, i in np.ndindex(*got.shape):
+        keys = seen[b, h, i]
+        want = np.ptp(v[b, keys, h, :], axis=0).max() if keys.any() else 0.0
+        assert got[b, h, i] == want
+    assert (got == 0).any() and (got > 0).any()

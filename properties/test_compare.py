@@ -265,3 +265,24 @@ def test_nan_or_negative_bound_is_rejected_not_passed(bad: float) -> None:
         )  # fmt: skip
     inf_bound = np.full(SHAPE, np.inf)  # allowed: an infinite bound passes any finite error
     assert compare(result(actual), result(ref), bound=inf_bound, output_dtype="float32").passed
+
+
+def test_vacuous_bounds_are_counted_and_reported() -> None:
+    B, Sq, Hq, _ = SHAPE
+    ref = np.zeros(SHAPE)
+    bound = np.full(SHAPE, 0.1)
+    bound[0, 0, 0, :] = np.inf  # row (b=0, h=0, i=0): inf everywhere
+    bound[1, 2, 3, 1] = 2.0  # >= its row's V range
+    v_range = np.ones((B, Hq, Sq))
+    v_range[1, 1, 1] = 0.0  # one visible value: no range to compare with, not counted
+    bound[1, 1, 1, :] = 5.0
+    report = compare(result(ref), result(ref), bound=bound, output_dtype="float32", v_range=v_range)
+    assert report.vacuous == SHAPE[3] + 1 and report.passed
+    assert f"vacuous bound on {SHAPE[3] + 1}/{report.total}" in report.summary()
+    assert report.to_dict()["vacuous"] == SHAPE[3] + 1
+    without_range = compare(result(ref), result(ref), bound=bound, output_dtype="float32")
+    assert without_range.vacuous == SHAPE[3] and "vacuous" in without_range.summary()
+    tight = compare(result(ref), result(ref), bound=np.full(SHAPE, 0.1), output_dtype="float32")
+    assert tight.vacuous == 0 and "vacuous" not in tight.summary()
+    with pytest.raises(ValueError, match="v_range shape"):
+        compare(result(ref), result(ref), bound=bound, output_dtype="float32", v_range=v_range[0])

@@ -19,6 +19,9 @@ Metrics over the *evaluated* elements (reference not NaN, ``ExactResult.rows`` a
   always mismatches, even with ``bound=None``).
 * ``bound`` / ``lse_bound`` must be >= 0 (inf allowed) on evaluated elements: a NaN or negative
   bound raises ValueError (``err > NaN`` is False and would pass anything).
+* vacuous: evaluated elements whose bound is inf or at least their row's V range (``v_range``,
+  e.g. :func:`reference.bounds.visible_v_range`; without it only inf counts). There the bound
+  cannot tell the right weighting of V from a wrong one: a pass there proves little.
 * LSE: ``|actual - reference|`` per row with ``-inf == -inf`` an error of 0 and any other
   disagreement involving an infinity or NaN an error of inf.
 """
@@ -65,6 +68,7 @@ class ErrorReport:
     mismatched: int
     total: int
     passed: bool
+    vacuous: int = 0
 
     def summary(self) -> str:
         """One line: verdict, mismatches, worst element, ulps, LSE."""
@@ -80,6 +84,8 @@ class ErrorReport:
         if self.worst_index is not None:
             parts.append(f"worst at (b,i,h,c)={self.worst_index}")
         parts.append(f"non-finite {self.nonfinite}")
+        if self.vacuous:
+            parts.append(f"vacuous bound on {self.vacuous}/{self.total}")
         if self.lse_max_abs is not None:
             parts.append(f"lse max |err| {self.lse_max_abs:.3g} ({self.lse_mismatched} mismatched)")
         return "; ".join(parts)
@@ -100,10 +106,13 @@ def compare(
     output_dtype: str,
     rows: np.ndarray | None = None,
     lse_bound: np.ndarray | None = None,
+    v_range: np.ndarray | None = None,
 ) -> ErrorReport:
     """Metrics of ``actual`` against ``reference`` (an ``AttentionResult`` or an ``ExactResult``,
     whose ``o_lo`` and ``rows`` are used). ``bound`` is ``[B, Sq, Hq, Dv]`` (e.g. from
-    :func:`reference.bounds.error_bound`), ``rows`` and ``lse_bound`` are ``[B, Hq, Sq]``.
+    :func:`reference.bounds.error_bound`), ``rows``, ``lse_bound`` and ``v_range`` (each row's
+    V range, :func:`reference.bounds.visible_v_range`, for counting vacuous bounds) are
+    ``[B, Hq, Sq]``.
     """
     if output_dtype not in OUTPUT_DTYPES:
         raise ValueError(f"output_dtype={output_dtype!r} must be one of {OUTPUT_DTYPES}")
@@ -130,6 +139,7 @@ def compare(
             fraction = np.where(err == 0, 0.0, err / bound)
         fraction = np.where(np.isnan(fraction), np.inf, fraction)
         mismatch, score = bad_value | (err > bound), fraction
+    vacuous = _vacuous(bound, v_range, shape) & evaluated
 
     total = int(evaluated.sum())
     lse_max_abs, lse_mismatched = _lse_errors(actual, reference, row_mask, lse_bound)
@@ -151,6 +161,7 @@ def compare(
             mismatched=0,
             total=0,
             passed=lse_mismatched == 0,
+            vacuous=0,
         )
     flat = np.argmax(np.where(evaluated, score, -1.0))
     worst = tuple(int(i) for i in np.unravel_index(flat, shape))
@@ -174,6 +185,7 @@ def compare(
         mismatched=mismatched,
         total=total,
         passed=mismatched == 0 and lse_mismatched == 0,
+        vacuous=int(vacuous.sum()),
     )
 
 
@@ -187,6 +199,7 @@ def assert_within_bound(
     rows: np.ndarray | None = None,
     lse_bound: np.ndarray | None = None,
     streaming: AttentionResult | None = None,
+    v_range: np.ndarray | None = None,
 ) -> ErrorReport:
     """Raise ``AssertionError`` unless every evaluated element is within ``bound`` (and every
     LSE within ``lse_bound``); return the :class:`ErrorReport`. ``streaming`` (tier 2's result)
@@ -194,8 +207,9 @@ def assert_within_bound(
     """
     __tracebackhide__ = True
     report = compare(
-        actual, reference, bound=bound, output_dtype=output_dtype, rows=rows, lse_bound=lse_bound
-    )
+        actual, reference, bound=bound, output_dtype=output_dtype, rows=rows,
+        lse_bound=lse_bound, v_range=v_range,
+    )  # fmt: skip
     if not report.passed:
         raise AssertionError(failure_message(report, reproducer, streaming))
     return report
@@ -271,6 +285,23 @@ def _as_shape(name: str, x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     if x.shape != shape:
         raise ValueError(f"{name} shape {x.shape} must equal reference.o's shape {shape}")
     return x
+
+
+def _vacuous(
+    bound: np.ndarray | None, v_range: np.ndarray | None, shape: tuple[int, ...]
+) -> np.ndarray:
+    """Elements whose bound is inf or >= their row's V range (where that range is > 0)."""
+    if bound is None:
+        return np.zeros(shape, dtype=bool)
+    out = np.isinf(bound)
+    if v_range is not None:
+        B, Sq, Hq, _ = shape
+        v_range = np.asarray(v_range, dtype=np.float64)
+        if v_range.shape != (B, Hq, Sq):
+            raise ValueError(f"v_range shape {v_range.shape} must be [B, Hq, Sq]={(B, Hq, Sq)}")
+        per_element = v_range.transpose(0, 2, 1)[..., None]
+        out |= (per_element > 0) & (bound >= per_element)
+    return out
 
 
 def _checked_bound(name: str, bound: np.ndarray, evaluated: np.ndarray) -> np.ndarray:
