@@ -26,7 +26,9 @@ from properties.strategies import (
     score_distributions,
     tile_aware_lengths,
 )
-from reference.case import AttentionCase, CausalAlignment
+from reference.bounds import error_bound, unit_roundoff, visible_v_range
+from reference.case import AttentionCase, CausalAlignment, dtype_name
+from reference.precision import StreamingPrecision
 from reference.streaming import RescaleTrace, streaming_attention
 
 pytestmark = pytest.mark.cpu
@@ -215,3 +217,33 @@ def test_coverage_summary_lists_every_axis() -> None:
 def test_invalid_options_raise_when_the_strategy_is_built(strategy, kwargs, argument) -> None:
     with pytest.raises(ValueError, match=argument):
         strategy(**kwargs)
+
+
+# 'huge' drives logits past exp's overflow on purpose: the row sum's relative error reaches 1,
+# no finite O bound is rigorous (inf), and that family is judged by non-finite outputs instead.
+NON_VACUOUS = tuple(name for name in DISTRIBUTIONS if name != "huge")
+
+
+@pytest.mark.parametrize("name", NON_VACUOUS)
+def test_derived_o_bound_is_not_vacuous(name: str) -> None:
+    """With the flash-attention chain of the case's dtype, every row's O bound stays below half
+    its V range (visible keys), wherever the output dtype can resolve that range (> 16 unit
+    roundoffs of |o|): a bound that large could not see the weighting bug a family targets."""
+
+    @given(attention_cases(distributions=[name]))
+    def check(case: AttentionCase) -> None:
+        with reproducer_on_failure(case):
+            dtype = dtype_name(case.q.dtype)
+            with np.errstate(all="ignore"):
+                ref = streaming_attention(case)
+                bound = error_bound(
+                    case, ref, StreamingPrecision.flash_attention(dtype), block_n=TILE_N
+                )
+            row_bound = bound.max(axis=3, initial=0).transpose(0, 2, 1)
+            row_o = np.abs(ref.o).max(axis=3, initial=0).transpose(0, 2, 1)
+            v_range = visible_v_range(case)
+            resolved = v_range > 16 * unit_roundoff(dtype) * row_o
+            worst = float((row_bound / np.where(resolved, v_range, 1))[resolved].max(initial=0))
+            assert worst < 0.5, f"{name}: O bound {worst:.3g} x the row's V range"
+
+    check()

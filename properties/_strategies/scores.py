@@ -221,13 +221,25 @@ def _huge_claim(case: AttentionCase, block_n: int) -> Evidence:
     return Evidence(1)
 
 
-_SENTINELS = (-5e4, -1e5, -1e6)
+_SENTINELS = (-1e3, -1e4, -5e4, -1e5)
+# The derived bound's exp2-argument error grows like |logit| (gamma_D(2^-23) + 2^-22) (fp32 MMA
+# and score rounding, reference/bounds.py): a sentinel is drawn only while that stays <= this,
+# so the O bound stays well below V's range and can see masked keys weighted like visible ones.
+_SENTINEL_EXP_ERROR = 0.05
+
+
+def _sentinels_for(D: int) -> tuple[float, ...]:
+    """The sentinels whose logits (x 1.02, + 20) keep the bound non-vacuous at head dim ``D``
+    (-1e3 always: up to D ~ 400)."""
+    per_logit = D * 2.0**-23 / (1 - D * 2.0**-23) + 2.0**-22
+    fit = tuple(x for x in _SENTINELS if (1.02 * -x + 20) * per_logit <= _SENTINEL_EXP_ERROR)
+    return fit or _SENTINELS[:1]
 
 
 def _below_sentinel(ctx: BuildContext) -> Arrays:
     # logit = -c * k0 * scale = sentinel * 1.02 - spread: below the sentinel after rounding.
     s, rng = ctx.shape, ctx.rng
-    sentinel = rng.choice(_SENTINELS)
+    sentinel = rng.choice(_sentinels_for(s.D))
     logits = sentinel * 1.02 - rng.uniform(0.0, 20.0, size=(s.B, s.Sk))
     c = _power_of_two(max(1.0, 2.0 * abs(logits).max() / (ctx.softmax_scale * 4e4)))
     q, k, v = _pattern(ctx, -_per_key(ctx, logits) / c)
@@ -239,7 +251,9 @@ def _below_sentinel_claim(case: AttentionCase, block_n: int) -> Evidence:
     logits, seen = scaled_scores(case)
     top = float(logits.max()) if seen.any() else -np.inf
     if top >= _SENTINELS[0]:
-        return Evidence(int(seen.any()), f"below_sentinel: a visible logit {top:.6g} >= -5e4")
+        return Evidence(
+            int(seen.any()), f"below_sentinel: a visible logit {top:.6g} >= {_SENTINELS[0]:g}"
+        )
     return Evidence(int(seen.any()))
 
 
