@@ -87,9 +87,9 @@ def main() -> None:
     parser.add_argument("--finding-dir", default=None, help="save failing cases (.npz) here")
     args = parser.parse_args()
 
-    from kernel.registry import GPU_BUILTIN, available
+    from kernel.registry import default_kernels
 
-    kernels = args.kernel or available(GPU_BUILTIN)
+    kernels = args.kernel or default_kernels(has_gpu=True)
     gpu = _gpu_name()
     jobs = [(k, s) for k in kernels for s in range(args.shards)]
     with ProcessPoolExecutor(

@@ -24,6 +24,9 @@ BUILTIN: dict[str, tuple[str, str | None]] = {
     "own-sm100": ("kernel.adapters.own_sm100:create", "cutlass"),  # compile-only: no SM100 here
 }
 GPU_BUILTIN = tuple(name for name in BUILTIN if name != "streaming-fa")
+# Built-ins that run on one GPU generation only (compute capability major): left out of the
+# defaults on other GPUs, where they would decline every case; still reachable with --kernel.
+REQUIRED_COMPUTE_MAJOR = {"own-sm100": 10}
 
 
 def resolve(name_or_path: str) -> KernelAdapter:
@@ -66,8 +69,22 @@ def available(names: tuple[str, ...] = tuple(BUILTIN)) -> list[str]:
 
 
 def default_kernels(has_gpu: bool) -> list[str]:
-    """What ``--kernel`` means when not given: every available GPU adapter, else the CPU one."""
-    return available(GPU_BUILTIN) if has_gpu else ["streaming-fa"]
+    """What ``--kernel`` means when not given: every available GPU adapter that can run on
+    this GPU (see :data:`REQUIRED_COMPUTE_MAJOR`), else the CPU one."""
+    if not has_gpu:
+        return ["streaming-fa"]
+    return [name for name in available(GPU_BUILTIN) if _runs_on_this_gpu(name)]
+
+
+def _runs_on_this_gpu(name: str) -> bool:
+    from kernel.gpu_workers import cuda_available
+
+    major = REQUIRED_COMPUTE_MAJOR.get(name)
+    if major is None or not cuda_available()[0]:
+        return True  # no GPU to ask: gpu tests are skipped anyway
+    import torch
+
+    return torch.cuda.get_device_capability()[0] == major
 
 
 def _importable(module: str | None) -> bool:
