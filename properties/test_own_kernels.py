@@ -83,9 +83,13 @@ def test_sm90_has_no_register_spills(capfd: pytest.CaptureFixture[str]) -> None:
     """ptxas (run by the DSL with ``remarks{ptx}``) reports 0 spill bytes for the largest
     configuration (D = 128, causal: most live registers)."""
     _sm90("bfloat16", 128, True).compile(options="remarks{ptx}")
-    output = "".join(capfd.readouterr())
-    spills = [int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", output)]
-    assert spills, f"no ptxas spill report in the compile output:\n{output[-2000:]}"
+    assert_no_spills("".join(capfd.readouterr()))
+
+
+def assert_no_spills(compile_output: str) -> None:
+    """ptxas' ``remarks{ptx}`` report in ``compile_output`` exists and says 0 spill bytes."""
+    spills = [int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", compile_output)]
+    assert spills, f"no ptxas spill report in the compile output:\n{compile_output[-2000:]}"
     assert max(spills) == 0, f"ptxas spills: {spills}"
 
 

@@ -17,7 +17,6 @@ run (H200 and CPU machines): it would be the first run of the kernel.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
@@ -29,7 +28,7 @@ from properties.test_kernels import (  # noqa: F401 - _close_workers: autouse fi
     _worker,
 )
 from properties.test_kernels import test_kernel_passes_every_check as _kernel_property
-from properties.test_own_kernels import CONFIGS, TARGETED, needs_cutlass
+from properties.test_own_kernels import CONFIGS, TARGETED, assert_no_spills, needs_cutlass
 
 PTX_MUST_HAVE = (
     "tcgen05.mma.cta_group::1.kind::f16",
@@ -72,10 +71,7 @@ def test_sm100_compiles_to_tcgen05_without_spills(
     # k16 MMAs: QK^T over D, then PV over the TILE_N keys (one KV block, loop not unrolled).
     assert ptx.count("tcgen05.mma.cta_group::1") == head_dim // 16 + TILE_N // 16
     if check_spills:
-        output = "".join(capfd.readouterr())
-        spills = [int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", output)]
-        assert spills, f"no ptxas spill report in the compile output:\n{output[-2000:]}"
-        assert max(spills) == 0, f"ptxas spills: {spills}"
+        assert_no_spills("".join(capfd.readouterr()))
 
 
 @pytest.mark.cpu
