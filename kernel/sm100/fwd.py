@@ -51,8 +51,9 @@ from cutlass.cute.nvgpu import tcgen05
 from cutlass.memory import SmemAllocator, TmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
+from kernel.common.host import attention_views, compile_on_fake_tensors
 from kernel.common.mask import apply_mask, kv_block_range
-from kernel.common.softmax import LOG2_E, OnlineSoftmax
+from kernel.common.softmax import OnlineSoftmax
 
 DTYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16}
 HEAD_DIMS = (64, 128)
@@ -119,12 +120,7 @@ class FlashAttentionForwardSm100:
     ) -> None:
         """Launch on ``[B, S, H, D]`` q/k/v/o and ``[B, H, Sq]`` lse; ``scale_log2`` is
         ``softmax_scale * log2(e)``. Never launched: no SM100 GPU exists here."""
-        # (s, d, h, b) views for Q, K, O; (d, s, h, b) for V (the PV B operand is MN-major).
-        mQ = cute.make_tensor(q.iterator, cute.select(q.layout, mode=[1, 3, 2, 0]))
-        mK = cute.make_tensor(k.iterator, cute.select(k.layout, mode=[1, 3, 2, 0]))
-        mV = cute.make_tensor(v.iterator, cute.select(v.layout, mode=[3, 1, 2, 0]))
-        mO = cute.make_tensor(o.iterator, cute.select(o.layout, mode=[1, 3, 2, 0]))
-        mLSE = cute.make_tensor(lse.iterator, cute.select(lse.layout, mode=[2, 1, 0]))
+        mQ, mK, mV, mO, mLSE = attention_views(q, k, v, o, lse)
 
         dtype = self.dtype
         qk_tiler = (TILE_M, TILE_N, self.head_dim)
@@ -752,21 +748,6 @@ class FlashAttentionForwardSm100:
     # ------------------------------------------------------------------ compile-only
 
     def compile(self, *, options: str = "") -> object:
-        """``cute.compile`` for sm_100a on fake tensors typed like the adapter's runtime tensors
-        (every extent and stride dynamic but D's unit stride). The only check this kernel has:
-        there is no Blackwell GPU to run it on."""
-        from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
-
-        def qkv() -> object:  # what from_dlpack(t).mark_layout_dynamic(leading_dim=3) gives
-            shape = tuple(cute.sym_int() for _ in range(4))
-            strides = tuple(cute.sym_int64() for _ in range(3)) + (1,)
-            return make_fake_tensor(self.dtype, shape, strides, assumed_align=16)
-
-        lse = make_fake_tensor(
-            Float32,
-            (cute.sym_int(), cute.sym_int(), cute.sym_int()),
-            (cute.sym_int64(), cute.sym_int64(), 1),
-            assumed_align=4,
-        )
-        args = (qkv(), qkv(), qkv(), qkv(), lse, Float32(LOG2_E), make_fake_stream())
-        return cute.compile(self, *args, options=f"--gpu-arch=sm_100a {options}".strip())
+        """Compile for sm_100a on fake tensors: the only check this kernel has, since there is
+        no Blackwell GPU to run it on."""
+        return compile_on_fake_tensors(self, self.dtype, "sm_100a", options)

@@ -34,8 +34,9 @@ from cutlass.cute.nvgpu import warpgroup
 from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
+from kernel.common.host import attention_views, compile_on_fake_tensors
 from kernel.common.mask import apply_mask, kv_block_range
-from kernel.common.softmax import LOG2_E, OnlineSoftmax, rescale_rows
+from kernel.common.softmax import OnlineSoftmax, rescale_rows
 
 DTYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16}
 HEAD_DIMS = (64, 128)
@@ -126,12 +127,7 @@ class FlashAttentionForwardSm90:
     ) -> None:
         """Launch on ``[B, S, H, D]`` q/k/v/o and ``[B, H, Sq]`` lse; ``scale_log2`` is
         ``softmax_scale * log2(e)``."""
-        # (s, d, h, b) views for Q, K, O; (d, s, h, b) for V (the PV B operand is MN-major).
-        mQ = cute.make_tensor(q.iterator, cute.select(q.layout, mode=[1, 3, 2, 0]))
-        mK = cute.make_tensor(k.iterator, cute.select(k.layout, mode=[1, 3, 2, 0]))
-        mV = cute.make_tensor(v.iterator, cute.select(v.layout, mode=[3, 1, 2, 0]))
-        mO = cute.make_tensor(o.iterator, cute.select(o.layout, mode=[1, 3, 2, 0]))
-        mLSE = cute.make_tensor(lse.iterator, cute.select(lse.layout, mode=[2, 1, 0]))
+        mQ, mK, mV, mO, mLSE = attention_views(q, k, v, o, lse)
 
         dtype = self.dtype
         qk_tiler = (ROWS_PER_WG, self.tile_n, self.head_dim)
@@ -507,21 +503,5 @@ class FlashAttentionForwardSm90:
     # ------------------------------------------------------------------ compile-only
 
     def compile(self, *, options: str = "") -> object:
-        """``cute.compile`` for sm_90a on fake tensors typed like the adapter's runtime tensors
-        (every extent and stride dynamic but D's unit stride): the CPU-only check. Never touches
-        a GPU; ``--gpu-arch=sm_90a`` is passed, so it does not depend on ``CUTE_DSL_ARCH``."""
-        from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
-
-        def qkv() -> object:  # what from_dlpack(t).mark_layout_dynamic(leading_dim=3) gives
-            shape = tuple(cute.sym_int() for _ in range(4))
-            strides = tuple(cute.sym_int64() for _ in range(3)) + (1,)
-            return make_fake_tensor(self.dtype, shape, strides, assumed_align=16)
-
-        lse = make_fake_tensor(
-            Float32,
-            (cute.sym_int(), cute.sym_int(), cute.sym_int()),
-            (cute.sym_int64(), cute.sym_int64(), 1),
-            assumed_align=4,
-        )
-        args = (qkv(), qkv(), qkv(), qkv(), lse, Float32(LOG2_E), make_fake_stream())
-        return cute.compile(self, *args, options=f"--gpu-arch=sm_90a {options}".strip())
+        """The CPU-only check: compile for sm_90a on fake tensors (no GPU touched)."""
+        return compile_on_fake_tensors(self, self.dtype, "sm_90a", options)

@@ -1,0 +1,48 @@
+"""Host-side pieces every own kernel shares: the CuTe views of the project layout, and the
+compile-only build on fake tensors.
+
+Both run at trace time on the host, so moving them here changes no generated code (the SM90 and
+SM100 PTX is identical before and after).
+"""
+
+from __future__ import annotations
+
+import cutlass.cute as cute
+from cutlass import Float32
+
+from kernel.common.softmax import LOG2_E
+
+
+def attention_views(
+    q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, o: cute.Tensor, lse: cute.Tensor
+) -> tuple[cute.Tensor, cute.Tensor, cute.Tensor, cute.Tensor, cute.Tensor]:
+    """``[B, S, H, D]`` q/k/v/o and ``[B, H, Sq]`` lse as the kernels index them: (s, d, h, b)
+    for Q, K and O; (d, s, h, b) for V (the PV B operand is MN-major); (s, h, b) for the LSE."""
+    mQ = cute.make_tensor(q.iterator, cute.select(q.layout, mode=[1, 3, 2, 0]))
+    mK = cute.make_tensor(k.iterator, cute.select(k.layout, mode=[1, 3, 2, 0]))
+    mV = cute.make_tensor(v.iterator, cute.select(v.layout, mode=[3, 1, 2, 0]))
+    mO = cute.make_tensor(o.iterator, cute.select(o.layout, mode=[1, 3, 2, 0]))
+    mLSE = cute.make_tensor(lse.iterator, cute.select(lse.layout, mode=[2, 1, 0]))
+    return mQ, mK, mV, mO, mLSE
+
+
+def compile_on_fake_tensors(kernel: object, dtype: type, arch: str, options: str = "") -> object:
+    """``cute.compile`` of ``kernel`` for ``arch`` (e.g. ``sm_90a``) on fake tensors typed like
+    the adapters' runtime tensors: every extent and stride dynamic but D's unit stride, as
+    ``from_dlpack(t).mark_layout_dynamic(leading_dim=3)`` gives. Never touches a GPU, and
+    ``--gpu-arch`` is passed, so it does not depend on ``CUTE_DSL_ARCH``."""
+    from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
+
+    def qkv() -> object:
+        shape = tuple(cute.sym_int() for _ in range(4))
+        strides = tuple(cute.sym_int64() for _ in range(3)) + (1,)
+        return make_fake_tensor(dtype, shape, strides, assumed_align=16)
+
+    lse = make_fake_tensor(
+        Float32,
+        (cute.sym_int(), cute.sym_int(), cute.sym_int()),
+        (cute.sym_int64(), cute.sym_int64(), 1),
+        assumed_align=4,
+    )
+    args = (qkv(), qkv(), qkv(), qkv(), lse, Float32(LOG2_E), make_fake_stream())
+    return cute.compile(kernel, *args, options=f"--gpu-arch={arch} {options}".strip())
