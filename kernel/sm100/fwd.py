@@ -237,30 +237,19 @@ class FlashAttentionForwardSm100:
         def threads(n: int) -> pipeline.CooperativeGroup:
             return pipeline.CooperativeGroup(pipeline.Agent.Thread, n)
 
-        q_load, q_use = pipeline.PipelineTmaUmma.create(
-            barrier_storage=storage.q_bar.data_ptr(),
-            num_stages=1,
-            producer_group=threads(1),
-            consumer_group=threads(1),
-            tx_count=self.q_bytes,
-            defer_sync=True,
-        ).make_participants()
-        k_load, k_use = pipeline.PipelineTmaUmma.create(
-            barrier_storage=storage.k_bar.data_ptr(),
-            num_stages=self.kv_stages,
-            producer_group=threads(1),
-            consumer_group=threads(1),
-            tx_count=self.kv_bytes,
-            defer_sync=True,
-        ).make_participants()
-        v_load, v_use = pipeline.PipelineTmaUmma.create(
-            barrier_storage=storage.v_bar.data_ptr(),
-            num_stages=self.kv_stages,
-            producer_group=threads(1),
-            consumer_group=threads(1),
-            tx_count=self.kv_bytes,
-            defer_sync=True,
-        ).make_participants()
+        def tma_pipeline(barriers, num_stages: int, tx_count: int):  # load warp -> MMA warp
+            return pipeline.PipelineTmaUmma.create(
+                barrier_storage=barriers.data_ptr(),
+                num_stages=num_stages,
+                producer_group=threads(1),
+                consumer_group=threads(1),
+                tx_count=tx_count,
+                defer_sync=True,
+            ).make_participants()
+
+        q_load, q_use = tma_pipeline(storage.q_bar, 1, self.q_bytes)
+        k_load, k_use = tma_pipeline(storage.k_bar, self.kv_stages, self.kv_bytes)
+        v_load, v_use = tma_pipeline(storage.v_bar, self.kv_stages, self.kv_bytes)
         # S full (tcgen05.commit after the QK MMA) -> softmax; softmax frees S once loaded.
         s_mma, s_softmax = pipeline.PipelineUmmaAsync.create(
             barrier_storage=storage.s_bar.data_ptr(),

@@ -237,30 +237,20 @@ class FlashAttentionForwardSm90:
         consumers = pipeline.CooperativeGroup(
             pipeline.Agent.Thread, self.num_consumer_wg * (WG_THREADS // 32)
         )
-        q_load, q_use = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.q_bar.data_ptr(),
-            num_stages=1,
-            producer_group=producer,
-            consumer_group=consumers,
-            tx_count=self.q_bytes,
-            defer_sync=True,
-        ).make_participants()
-        k_load, k_use = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.k_bar.data_ptr(),
-            num_stages=self.kv_stages,
-            producer_group=producer,
-            consumer_group=consumers,
-            tx_count=self.kv_bytes,
-            defer_sync=True,
-        ).make_participants()
-        v_load, v_use = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.v_bar.data_ptr(),
-            num_stages=self.kv_stages,
-            producer_group=producer,
-            consumer_group=consumers,
-            tx_count=self.kv_bytes,
-            defer_sync=True,
-        ).make_participants()
+
+        def tma_pipeline(barriers, num_stages: int, tx_count: int):  # -> (producer, consumer)
+            return pipeline.PipelineTmaAsync.create(
+                barrier_storage=barriers.data_ptr(),
+                num_stages=num_stages,
+                producer_group=producer,
+                consumer_group=consumers,
+                tx_count=tx_count,
+                defer_sync=True,
+            ).make_participants()
+
+        q_load, q_use = tma_pipeline(storage.q_bar, 1, self.q_bytes)
+        k_load, k_use = tma_pipeline(storage.k_bar, self.kv_stages, self.kv_bytes)
+        v_load, v_use = tma_pipeline(storage.v_bar, self.kv_stages, self.kv_bytes)
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
