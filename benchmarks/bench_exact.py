@@ -26,8 +26,8 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from reference.case import INPUT_DTYPES, AttentionCase, Mask  # noqa: E402
-from reference.exact import exact_attention, naive_exact_attention, sample_rows  # noqa: E402
+from attention_crossval.reference.case import INPUT_DTYPES, AttentionCase, Mask  # noqa: E402
+from attention_crossval.reference.exact import exact_attention, naive_exact_attention, sample_rows  # noqa: E402
 
 
 def machine() -> str:

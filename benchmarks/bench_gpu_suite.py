@@ -27,9 +27,9 @@ class _TimeUp(Exception):
 def _shard(kernel: str, shard: int, seconds: float, max_len: int, finding_dir: str | None) -> dict:
     from hypothesis import HealthCheck, Phase, given, seed, settings
 
-    from kernel.harness import IsolatedKernel, run_case
-    from kernel.registry import resolve
-    from properties.strategies import attention_cases
+    from attention_crossval.kernel.harness import IsolatedKernel, run_case
+    from attention_crossval.kernel.registry import resolve
+    from attention_crossval.properties.strategies import attention_cases
 
     adapter = resolve(kernel)
     worker = IsolatedKernel(kernel, timeout_s=120.0)
@@ -87,7 +87,7 @@ def main() -> None:
     parser.add_argument("--finding-dir", default=None, help="save failing cases (.npz) here")
     args = parser.parse_args()
 
-    from kernel.registry import default_kernels
+    from attention_crossval.kernel.registry import default_kernels
 
     kernels = args.kernel or default_kernels(has_gpu=True)
     gpu = _gpu_name()

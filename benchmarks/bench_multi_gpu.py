@@ -34,14 +34,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from report.shard import parse_gpus  # noqa: E402
+from attention_crossval.report.shard import parse_gpus  # noqa: E402
 
 
 def _report_run(gpus: list[str], args: argparse.Namespace, work: Path) -> tuple[int, float]:
     out = work / f"report-{len(gpus)}gpu"
     shutil.rmtree(out, ignore_errors=True)
     kernels = [part for name in args.kernel for part in ("--kernel", name)]
-    command = [sys.executable, "-m", "report", "--preset", args.preset, *kernels]
+    command = [sys.executable, "-m", "attention_crossval.report", "--preset", args.preset, *kernels]
     command += ["--gpus", ",".join(gpus), "--out", str(out), "--no-html", "--no-progress"]
     start = time.perf_counter()
     subprocess.run(command, cwd=ROOT, check=True)

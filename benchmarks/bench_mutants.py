@@ -25,9 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hypothesis import Phase, settings  # noqa: E402
 
 import conftest  # noqa: E402,F401  (registers the project's Hypothesis profiles)
-import reference.streaming  # noqa: E402
-from properties.mutants import MUTANTS, HuntResult, hunt, load_mutant  # noqa: E402
-from properties.strategies import DISTRIBUTIONS, REFERENCE_SPEC, attention_cases  # noqa: E402
+from attention_crossval.properties.mutants import MUTANTS, HuntResult, hunt, load_mutant  # noqa: E402
+from attention_crossval.properties.strategies import DISTRIBUTIONS, REFERENCE_SPEC, attention_cases  # noqa: E402
+from attention_crossval.reference import streaming as reference_streaming  # noqa: E402
 
 NO_SHRINK = (Phase.explicit, Phase.reuse, Phase.generate, Phase.target)
 
@@ -56,7 +56,7 @@ def overall_table(profile: settings) -> list[str]:
         "| shrunk: distribution / shape / mask |",
         "|---|---|---|---|---|---|---|",
     ]
-    candidates = [("(control: unmutated)", reference.streaming.streaming_attention)]
+    candidates = [("(control: unmutated)", reference_streaming.streaming_attention)]
     candidates += [(name, load_mutant(name).streaming_attention) for name in MUTANTS]
     for name, attention in candidates:
         r = _hunt(attention, profile, shrink=True)

@@ -23,9 +23,9 @@ import tracemalloc  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from reference.case import INPUT_DTYPES, AttentionCase  # noqa: E402
-from reference.precision import StreamingPrecision  # noqa: E402
-from reference.streaming import streaming_attention  # noqa: E402
+from attention_crossval.reference.case import INPUT_DTYPES, AttentionCase  # noqa: E402
+from attention_crossval.reference.precision import StreamingPrecision  # noqa: E402
+from attention_crossval.reference.streaming import streaming_attention  # noqa: E402
 
 MIB = 2**20
 

@@ -33,12 +33,12 @@ from typing import Any
 
 import numpy as np
 
-from kernel.isolation import Declined, IsolatedKernel, KernelCrashed, execute
-from kernel.references import reference_findings
-from kernel.spec import KernelAdapter, KernelSpec
-from kernel.verdict import CHECKS, CheckFailed, Finding, Verdict
-from reference.case import AttentionCase, AttentionResult
-from reference.masks import empty_rows
+from attention_crossval.kernel.isolation import Declined, IsolatedKernel, KernelCrashed, execute
+from attention_crossval.kernel.references import reference_findings
+from attention_crossval.kernel.spec import KernelAdapter, KernelSpec
+from attention_crossval.kernel.verdict import CHECKS, CheckFailed, Finding, Verdict
+from attention_crossval.reference.case import AttentionCase, AttentionResult
+from attention_crossval.reference.masks import empty_rows
 
 __all__ = [
     "ADAPTER_CHECKS",

@@ -13,8 +13,8 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
-from kernel.spec import KernelAdapter
-from reference.case import AttentionCase, AttentionResult
+from attention_crossval.kernel.spec import KernelAdapter
+from attention_crossval.reference.case import AttentionCase, AttentionResult
 
 
 class Declined(Exception):
@@ -42,7 +42,7 @@ def execute(
 
 def _worker_main(kernel: str, conn: Any) -> None:
     """Worker loop: resolve the kernel once, say "ready", then answer run messages."""
-    from kernel.registry import resolve
+    from attention_crossval.kernel.registry import resolve
 
     adapter = resolve(kernel)
     conn.send(("ready",))

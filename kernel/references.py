@@ -22,10 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from kernel.spec import KernelSpec
-from kernel.verdict import Finding
-from reference.case import AttentionCase, AttentionResult
-from reference.precision import StreamingPrecision
+from attention_crossval.kernel.spec import KernelSpec
+from attention_crossval.kernel.verdict import Finding
+from attention_crossval.reference.case import AttentionCase, AttentionResult
+from attention_crossval.reference.precision import StreamingPrecision
 
 # Kernel and streaming tier are each within the bound of the exact value, so their difference is
 # within twice the bound: the tolerance of a pair of two bounded results.
@@ -81,7 +81,7 @@ class CaseReferences:
         """Bool ``[B, Hq, Sq]`` of the exact tier's rows (None without an exact tier)."""
         if self.rows < 1:
             return None
-        from reference.exact import sample_rows
+        from attention_crossval.reference.exact import sample_rows
 
         compute = lambda: sample_rows(self.case, self.rows, self.row_seed)  # noqa: E731
         return self._timed("rows", "exact_s", compute)
@@ -91,7 +91,7 @@ class CaseReferences:
         rows = self.sampled_rows()
         if rows is None:
             return None
-        from reference.exact import exact_attention
+        from attention_crossval.reference.exact import exact_attention
 
         def compute() -> Any:
             if self.exact_source is not None:
@@ -105,7 +105,7 @@ class CaseReferences:
         case = self.case
         if self.dense_limit is None or work(case) <= self.dense_limit:
             return None
-        from reference.subset import RowSubset
+        from attention_crossval.reference.subset import RowSubset
 
         def compute() -> Any:
             spread = np.linspace(0, case.Sq - 1, min(self.subset_rows, case.Sq))
@@ -139,7 +139,7 @@ class CaseReferences:
 
     def streaming(self, precision: StreamingPrecision, tile_m: int, tile_n: int):
         """The emulated result and a ``(b, h, i) -> (rescales, visible blocks)`` trace reader."""
-        from reference.streaming import RescaleTrace, streaming_attention
+        from attention_crossval.reference.streaming import RescaleTrace, streaming_attention
 
         def compute():
             trace = RescaleTrace()
@@ -158,7 +158,7 @@ class CaseReferences:
     def bounds(self, precision: StreamingPrecision, tile_n: int) -> tuple[np.ndarray, np.ndarray]:
         """Derived bounds on O ``[B, Sq, Hq, Dv]`` and on the LSE ``[B, Hq, Sq]`` (NaN on rows
         not evaluated), as shared/notes/numerics.md 4.2 prescribes."""
-        from reference.bounds import error_bound, lse_error_bound
+        from attention_crossval.reference.bounds import error_bound, lse_error_bound
 
         def compute():
             case, reference = self._evaluated_case(), self._float64_evaluated()
@@ -177,7 +177,7 @@ class CaseReferences:
         """``reference.compare.compare`` of ``tested`` against ``tier`` ("exact", "float64" or
         "streaming", on the rows that tier covers) with ``scale`` times the derived bounds of
         ``spec``'s precision chain, ulps in :func:`output_dtype`; None without an exact tier."""
-        from reference.compare import compare
+        from attention_crossval.reference.compare import compare
 
         precision = spec.precision_for(self.case.dtype)
         if tier == "exact":
@@ -207,12 +207,12 @@ def float64_reference(case: AttentionCase, device: str = "cpu") -> AttentionResu
     (above :data:`TORCH_WORK` multiply-adds, when CUDA is there), else the streaming tier in
     float64 (correct to a few float64 ulps either way; the exact tier certifies sampled rows)."""
     if device == "cuda" and work(case) > TORCH_WORK:
-        from kernel.adapters._torch import float64_reference as torch_reference
-        from kernel.gpu_workers import cuda_available
+        from attention_crossval.kernel.adapters._torch import float64_reference as torch_reference
+        from attention_crossval.kernel.gpu_workers import cuda_available
 
         if cuda_available()[0]:
             return torch_reference(case)
-    from reference.streaming import streaming_attention
+    from attention_crossval.reference.streaming import streaming_attention
 
     return streaming_attention(case, StreamingPrecision.float64())
 

@@ -10,18 +10,24 @@ from __future__ import annotations
 import importlib
 import importlib.util
 
-from kernel.spec import KernelAdapter
+from attention_crossval.kernel.spec import KernelAdapter
 
 # name -> (dotted path of a zero-arg factory, module whose presence makes it available)
 BUILTIN: dict[str, tuple[str, str | None]] = {
-    "streaming-fa": ("kernel.adapters.streaming:create", None),
-    "sdpa-math": ("kernel.adapters.sdpa:math", "torch"),
-    "sdpa-flash": ("kernel.adapters.sdpa:flash", "torch"),
-    "sdpa-efficient": ("kernel.adapters.sdpa:efficient", "torch"),
-    "sdpa-cudnn": ("kernel.adapters.sdpa:cudnn", "torch"),
-    "flash-attn-cute": ("kernel.adapters.flash_attn_cute:create", "flash_attn.cute"),
-    "own-sm90": ("kernel.adapters.own_sm90:create", "cutlass"),
-    "own-sm100": ("kernel.adapters.own_sm100:create", "cutlass"),  # compile-only: no SM100 here
+    "streaming-fa": ("attention_crossval.kernel.adapters.streaming:create", None),
+    "sdpa-math": ("attention_crossval.kernel.adapters.sdpa:math", "torch"),
+    "sdpa-flash": ("attention_crossval.kernel.adapters.sdpa:flash", "torch"),
+    "sdpa-efficient": ("attention_crossval.kernel.adapters.sdpa:efficient", "torch"),
+    "sdpa-cudnn": ("attention_crossval.kernel.adapters.sdpa:cudnn", "torch"),
+    "flash-attn-cute": (
+        "attention_crossval.kernel.adapters.flash_attn_cute:create",
+        "flash_attn.cute",
+    ),
+    "own-sm90": ("attention_crossval.kernel.adapters.own_sm90:create", "cutlass"),
+    "own-sm100": (
+        "attention_crossval.kernel.adapters.own_sm100:create",
+        "cutlass",
+    ),  # compile-only: no SM100 here
 }
 GPU_BUILTIN = tuple(name for name in BUILTIN if name != "streaming-fa")
 # Built-ins that run on one GPU generation only (compute capability major): left out of the
@@ -77,7 +83,7 @@ def default_kernels(has_gpu: bool) -> list[str]:
 
 
 def _runs_on_this_gpu(name: str) -> bool:
-    from kernel.gpu_workers import cuda_available
+    from attention_crossval.kernel.gpu_workers import cuda_available
 
     major = REQUIRED_COMPUTE_MAJOR.get(name)
     if major is None or not cuda_available()[0]:

@@ -12,8 +12,13 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from reference.case import INPUT_DTYPES, AttentionCase, AttentionResult, CausalAlignment
-from reference.precision import StreamingPrecision
+from attention_crossval.reference.case import (
+    INPUT_DTYPES,
+    AttentionCase,
+    AttentionResult,
+    CausalAlignment,
+)
+from attention_crossval.reference.precision import StreamingPrecision
 
 MASK_KINDS = frozenset({"causal", "window", "varlen", "explicit"})
 _SETS = (frozenset, set, tuple, list)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from reference.case import AttentionResult
+from attention_crossval.reference.case import AttentionResult
 
 CHECKS = (
     "error",

@@ -2,7 +2,7 @@
 
 :func:`properties.strategies.attention_cases` calls :func:`record` for every case it builds
 (shrink attempts included, so counts are draws, not distinct tests). As a pytest plugin
-(``pytest_plugins = ["properties.coverage"]`` in conftest.py) this module prints the summary at
+(registered by the package's pytest plugin) this module prints the summary at
 the end of the run. Under pytest-xdist each worker counts its own draws and the controller sees
 none, so run without ``-n`` when you want the table.
 """
@@ -13,7 +13,7 @@ from collections import Counter
 
 import pytest
 
-from reference.case import AttentionCase
+from attention_crossval.reference.case import AttentionCase
 
 AXES = ("shape", "mask", "dist", "dtype")
 _hits: Counter[tuple[str, ...]] = Counter()

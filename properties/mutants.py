@@ -27,11 +27,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import Flaky
 
-from reference.bounds import error_bound, lse_error_bound
-from reference.case import AttentionCase, AttentionResult
-from reference.compare import assert_within_bound
-from reference.exact import exact_attention
-from reference.precision import StreamingPrecision
+from attention_crossval.reference.bounds import error_bound, lse_error_bound
+from attention_crossval.reference.case import AttentionCase, AttentionResult
+from attention_crossval.reference.compare import assert_within_bound
+from attention_crossval.reference.exact import exact_attention
+from attention_crossval.reference.precision import StreamingPrecision
 
 FLOAT64 = StreamingPrecision.float64()
 Attention = Callable[..., AttentionResult]
@@ -56,11 +56,11 @@ class Mutant:
 
 
 def _streaming(original: str, replacement: str) -> Mutation:
-    return Mutation("reference.streaming", original, replacement)
+    return Mutation("attention_crossval.reference.streaming", original, replacement)
 
 
 def _masks(original: str, replacement: str) -> Mutation:
-    return Mutation("reference.masks", original, replacement)
+    return Mutation("attention_crossval.reference.masks", original, replacement)
 
 
 MUTANTS: dict[str, Mutant] = {
@@ -157,7 +157,7 @@ def mutated_module(module: str, mutations: list[Mutation], name: str) -> types.M
                 "(must be exactly once): update properties/mutants.py"
             )
         source = source.replace(mutation.original, mutation.replacement)
-    mutated = types.ModuleType(f"properties._mutant_{name}.{module}")
+    mutated = types.ModuleType(f"attention_crossval.properties._mutant_{name}.{module}")
     mutated.__file__ = str(path)
     sys.modules[mutated.__name__] = mutated  # classes defined inside look their module up here
     exec(compile(source, f"<mutant {name}: {path}>", "exec"), mutated.__dict__)
@@ -171,11 +171,15 @@ def load_mutant(name: str) -> types.ModuleType:
         raise ValueError(f"name={name!r} must be one of {sorted(MUTANTS)}")
     mutations = MUTANTS[name].mutations
     streaming = mutated_module(
-        "reference.streaming", [m for m in mutations if m.module == "reference.streaming"], name
+        "attention_crossval.reference.streaming",
+        [m for m in mutations if m.module == "attention_crossval.reference.streaming"],
+        name,
     )
-    mask_mutations = [m for m in mutations if m.module == "reference.masks"]
+    mask_mutations = [m for m in mutations if m.module == "attention_crossval.reference.masks"]
     if mask_mutations:
-        streaming.visible = mutated_module("reference.masks", mask_mutations, name).visible
+        streaming.visible = mutated_module(
+            "attention_crossval.reference.masks", mask_mutations, name
+        ).visible
     return streaming
 
 

@@ -1,4 +1,5 @@
-"""Replay a saved case through the reference tiers: ``python -m properties.replay CASE.npz``.
+"""Replay a saved case through the reference tiers:
+``python -m attention_crossval.properties.replay CASE.npz``.
 
 A failing property saves its case (``AttentionCase.save``) and prints this command, so the
 exact inputs can be rerun, attached to a report, or loaded with ``AttentionCase.load``. Cases
@@ -18,12 +19,12 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from reference.bounds import error_bound
-from reference.case import AttentionCase
-from reference.compare import compare
-from reference.exact import exact_attention, sample_rows
-from reference.precision import StreamingPrecision
-from reference.streaming import streaming_attention
+from attention_crossval.reference.bounds import error_bound
+from attention_crossval.reference.case import AttentionCase
+from attention_crossval.reference.compare import compare
+from attention_crossval.reference.exact import exact_attention, sample_rows
+from attention_crossval.reference.precision import StreamingPrecision
+from attention_crossval.reference.streaming import streaming_attention
 
 
 def case_directory() -> Path:
@@ -45,7 +46,7 @@ def save_case(case: AttentionCase, directory: str | Path | None = None) -> Path:
 
 def replay_command(case: AttentionCase, directory: str | Path | None = None) -> str:
     """Save ``case`` and return the one-line shell command that replays it."""
-    return f"python -m properties.replay {save_case(case, directory)}"
+    return f"python -m attention_crossval.properties.replay {save_case(case, directory)}"
 
 
 @contextlib.contextmanager
@@ -88,7 +89,9 @@ def replay(case: AttentionCase, *, block_m: int, block_n: int, rows: int | None 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m properties.replay", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m attention_crossval.properties.replay", description=__doc__
+    )
     parser.add_argument("case", type=Path, help="a case written by AttentionCase.save")
     parser.add_argument("--block-m", type=int, default=None, help="default: the case's tile_n")
     parser.add_argument("--block-n", type=int, default=None, help="default: the case's tile_n")

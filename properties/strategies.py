@@ -22,10 +22,10 @@ import numpy as np
 from hypothesis import event
 from hypothesis import strategies as st
 
-from kernel.spec import MASK_KINDS, KernelSpec
-from properties import coverage
-from properties._strategies.masks import mask_class, masks
-from properties._strategies.scores import (
+from attention_crossval.kernel.spec import MASK_KINDS, KernelSpec
+from attention_crossval.properties import coverage
+from attention_crossval.properties._strategies.masks import mask_class, masks
+from attention_crossval.properties._strategies.scores import (
     DISTRIBUTIONS,
     BuildContext,
     Evidence,
@@ -33,7 +33,7 @@ from properties._strategies.scores import (
     scaled_scores,
     score_distributions,
 )
-from properties._strategies.shapes import (
+from attention_crossval.properties._strategies.shapes import (
     Shape,
     attention_shapes,
     head_counts,
@@ -41,7 +41,7 @@ from properties._strategies.shapes import (
     shape_class,
     tile_aware_lengths,
 )
-from reference.case import INPUT_DTYPES, AttentionCase, CausalAlignment
+from attention_crossval.reference.case import INPUT_DTYPES, AttentionCase, CausalAlignment
 
 # The reference tiers as a "kernel": every dtype and mask, small head dims and tiles so CPU
 # runs see many blocks per row (tile_m != tile_n catches the two being swapped).

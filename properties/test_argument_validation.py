@@ -18,13 +18,13 @@ import pytest
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from kernel.spec import KernelSpec
-from reference.bounds import error_bound
-from reference.case import AttentionCase, AttentionResult, Mask
-from reference.compare import compare
-from reference.masks import visible_all
-from reference.precision import StreamingPrecision, round_to
-from reference.streaming import streaming_attention
+from attention_crossval.kernel.spec import KernelSpec
+from attention_crossval.reference.bounds import error_bound
+from attention_crossval.reference.case import AttentionCase, AttentionResult, Mask
+from attention_crossval.reference.compare import compare
+from attention_crossval.reference.masks import visible_all
+from attention_crossval.reference.precision import StreamingPrecision, round_to
+from attention_crossval.reference.streaming import streaming_attention
 
 pytestmark = pytest.mark.cpu
 

@@ -15,15 +15,15 @@ import pytest
 from hypothesis import example, given, target
 from hypothesis import strategies as st
 
-import reference.bounds as bounds_module
-import reference.streaming as streaming_module
-from reference.bounds import error_bound, lse_error_bound, visible_v_range
-from reference.case import INPUT_DTYPES, AttentionCase, AttentionResult, Mask
-from reference.compare import assert_within_bound, compare
-from reference.exact import exact_attention
-from reference.masks import empty_rows, visible_all
-from reference.precision import StreamingPrecision, round_to
-from reference.streaming import streaming_attention
+import attention_crossval.reference.bounds as bounds_module
+import attention_crossval.reference.streaming as streaming_module
+from attention_crossval.reference.bounds import error_bound, lse_error_bound, visible_v_range
+from attention_crossval.reference.case import INPUT_DTYPES, AttentionCase, AttentionResult, Mask
+from attention_crossval.reference.compare import assert_within_bound, compare
+from attention_crossval.reference.exact import exact_attention
+from attention_crossval.reference.masks import empty_rows, visible_all
+from attention_crossval.reference.precision import StreamingPrecision, round_to
+from attention_crossval.reference.streaming import streaming_attention
 
 pytestmark = pytest.mark.cpu
 

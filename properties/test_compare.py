@@ -10,15 +10,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reference.bounds import format_info
-from reference.case import AttentionResult
-from reference.compare import (
+from attention_crossval.reference.bounds import format_info
+from attention_crossval.reference.case import AttentionResult
+from attention_crossval.reference.compare import (
     assert_within_bound,
     compare,
     correctly_rounded,
     failure_message,
 )
-from reference.exact import ExactResult
+from attention_crossval.reference.exact import ExactResult
 
 pytestmark = pytest.mark.cpu
 

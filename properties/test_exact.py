@@ -13,16 +13,16 @@ from hypothesis import strategies as st
 from mpmath.libmp import from_man_exp, mpf_exp, mpf_sub, to_float
 from mpmath.libmp.libelefun import exp_fixed, ln2_fixed
 
-from properties.strategies import attention_cases
-from reference.case import INPUT_DTYPES, AttentionCase, CausalAlignment, Mask
-from reference.exact import (
+from attention_crossval.properties.strategies import attention_cases
+from attention_crossval.reference.case import INPUT_DTYPES, AttentionCase, CausalAlignment, Mask
+from attention_crossval.reference.exact import (
     EXP_FIXED_ERROR_BOUND,
     dyadic_matmul,
     exact_attention,
     naive_exact_attention,
     sample_rows,
 )
-from reference.masks import empty_rows, visible, visible_all
+from attention_crossval.reference.masks import empty_rows, visible, visible_all
 
 pytestmark = pytest.mark.cpu
 

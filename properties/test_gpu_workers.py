@@ -1,10 +1,10 @@
-"""kernel.gpu_workers: each xdist worker gets one GPU, round robin, before torch can see others."""
+"""kernel.gpu_workers: each xdist worker gets one GPU, round robin, before torch sees others."""
 
 from __future__ import annotations
 
 import pytest
 
-from kernel.gpu_workers import gpu_for_worker
+from attention_crossval.kernel.gpu_workers import gpu_for_worker
 
 pytestmark = pytest.mark.cpu
 
@@ -27,7 +27,7 @@ def test_round_robin_assignment(worker: str, gpus: list[str], expected: str | No
 def test_each_xdist_worker_sees_one_gpu(pytester: pytest.Pytester, monkeypatch) -> None:
     """End to end through xdist: two workers over declared GPUs 5,7 each see exactly one."""
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7")
-    pytester.makeconftest('pytest_plugins = ["kernel.gpu_workers"]')
+    pytester.makeconftest('pytest_plugins = ["attention_crossval.kernel.gpu_workers"]')
     pytester.makepyfile(
         """
         import os, pytest

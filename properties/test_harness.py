@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from kernel import registry
-from kernel.adapters import _torch, sdpa, streaming
-from kernel.broken.cpu_faults import FaultyAdapter, GuardedNumpyAdapter
-from kernel.harness import (
+from attention_crossval.kernel import registry
+from attention_crossval.kernel.adapters import _torch, sdpa, streaming
+from attention_crossval.kernel.broken.cpu_faults import FaultyAdapter, GuardedNumpyAdapter
+from attention_crossval.kernel.harness import (
     ADAPTER_CHECKS,
     CheckFailed,
     IsolatedKernel,
@@ -27,10 +27,10 @@ from kernel.harness import (
     fill_padding,
     run_case,
 )
-from kernel.references import output_dtype
-from properties.strategies import attention_cases
-from reference.case import AttentionCase, AttentionResult, Mask
-from reference.precision import StreamingPrecision
+from attention_crossval.kernel.references import output_dtype
+from attention_crossval.properties.strategies import attention_cases
+from attention_crossval.reference.case import AttentionCase, AttentionResult, Mask
+from attention_crossval.reference.precision import StreamingPrecision
 
 pytestmark = pytest.mark.cpu
 
@@ -109,7 +109,9 @@ def test_isolated_worker_reports_fault_saves_case_and_recovers(
 ) -> None:
     # the hang waits out its timeout; the others answer at once, 30 s only absorbs machine load
     timeout_s = 3.0 if fault == "hang" else 30.0
-    worker = IsolatedKernel(f"kernel.broken.cpu_faults:{fault}", timeout_s=timeout_s)
+    worker = IsolatedKernel(
+        f"attention_crossval.kernel.broken.cpu_faults:{fault}", timeout_s=timeout_s
+    )
     try:
         verdict = run_case(
             FaultyAdapter(fault), _case(), isolated=worker, compare=False, finding_dir=tmp_path
@@ -131,7 +133,7 @@ def slow_start() -> FaultyAdapter:
 
 def test_call_timeout_excludes_the_worker_start() -> None:
     """Regression: spawn + imports + kernel set-up once counted against ``timeout_s``."""
-    worker = IsolatedKernel("properties.test_harness:slow_start", timeout_s=6.0)
+    worker = IsolatedKernel("attention_crossval.properties.test_harness:slow_start", timeout_s=6.0)
     try:
         run_case(FaultyAdapter("none"), _case(), isolated=worker, compare=False).raise_for()
     finally:
@@ -161,8 +163,11 @@ def test_cpu_virtual_kernel_passes_every_check(case: AttentionCase) -> None:
 
 def test_registry_resolves_names_and_dotted_paths() -> None:
     assert registry.resolve("streaming-fa").spec.name == "streaming-fa"
-    assert registry.resolve("kernel.broken.cpu_faults:guarded").spec.name == "cpu-guarded"
-    instance = registry.resolve("kernel.broken.cpu_faults:GuardedNumpyAdapter")
+    assert (
+        registry.resolve("attention_crossval.kernel.broken.cpu_faults:guarded").spec.name
+        == "cpu-guarded"
+    )
+    instance = registry.resolve("attention_crossval.kernel.broken.cpu_faults:GuardedNumpyAdapter")
     assert isinstance(instance, GuardedNumpyAdapter)
     assert registry.default_kernels(has_gpu=False) == ["streaming-fa"]
 
@@ -171,8 +176,8 @@ def test_registry_resolves_names_and_dotted_paths() -> None:
     ("name", "message"),
     [
         ("no-such-kernel", "built-in name"),
-        ("kernel.no_module:thing", "cannot load"),
-        ("kernel.registry:BUILTIN", "must be an adapter"),
+        ("attention_crossval.kernel.no_module:thing", "cannot load"),
+        ("attention_crossval.kernel.registry:BUILTIN", "must be an adapter"),
         ("os.path:join", "calling it raised TypeError"),
     ],
 )

@@ -12,10 +12,10 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from kernel.harness import CheckFailed, IsolatedKernel, run_case
-from kernel.registry import GPU_BUILTIN, default_kernels, resolve
-from properties.strategies import attention_cases
-from reference.case import AttentionCase, Mask
+from attention_crossval.kernel.harness import CheckFailed, IsolatedKernel, run_case
+from attention_crossval.kernel.registry import GPU_BUILTIN, default_kernels, resolve
+from attention_crossval.properties.strategies import attention_cases
+from attention_crossval.reference.case import AttentionCase, Mask
 
 pytestmark = pytest.mark.gpu
 
@@ -94,14 +94,16 @@ def test_broken_triton_kernel_is_caught_by_its_check(variant: str) -> None:
     """The deliberately broken kernel fails exactly its named check and no other; the correct one
     passes."""
     case = _TRIGGERS[variant]()
-    broken = resolve(f"kernel.broken.triton_fa:{variant}")
-    verdict = run_case(broken, case, isolated=_worker(f"kernel.broken.triton_fa:{variant}"))
+    broken = resolve(f"attention_crossval.kernel.broken.triton_fa:{variant}")
+    verdict = run_case(
+        broken, case, isolated=_worker(f"attention_crossval.kernel.broken.triton_fa:{variant}")
+    )
     assert {f.check for f in verdict.findings} == {broken.expected_check}, verdict.findings
     with pytest.raises(CheckFailed, match=f"^{broken.expected_check}:"):
         verdict.raise_for(broken.expected_check)
     baseline = run_case(
-        resolve("kernel.broken.triton_fa:correct"),
+        resolve("attention_crossval.kernel.broken.triton_fa:correct"),
         case,
-        isolated=_worker("kernel.broken.triton_fa:correct"),
+        isolated=_worker("attention_crossval.kernel.broken.triton_fa:correct"),
     )
     baseline.raise_for()

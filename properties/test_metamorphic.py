@@ -17,11 +17,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from properties.strategies import attention_cases
-from reference.case import INPUT_DTYPES, AttentionCase, CausalAlignment, Mask
-from reference.masks import visible_all
-from reference.precision import StreamingPrecision
-from reference.streaming import streaming_attention
+from attention_crossval.properties.strategies import attention_cases
+from attention_crossval.reference.case import INPUT_DTYPES, AttentionCase, CausalAlignment, Mask
+from attention_crossval.reference.masks import visible_all
+from attention_crossval.reference.precision import StreamingPrecision
+from attention_crossval.reference.streaming import streaming_attention
 
 pytestmark = pytest.mark.cpu
 

@@ -13,8 +13,7 @@ import pytest
 from hypothesis import Phase, settings
 from hypothesis.errors import FailedHealthCheck, FlakyFailure
 
-import reference.streaming
-from properties.mutants import (
+from attention_crossval.properties.mutants import (
     MUTANTS,
     MutantRotError,
     Mutation,
@@ -23,7 +22,8 @@ from properties.mutants import (
     load_mutant,
     mutated_module,
 )
-from properties.strategies import REFERENCE_SPEC, attention_cases
+from attention_crossval.properties.strategies import REFERENCE_SPEC, attention_cases
+from attention_crossval.reference import streaming as reference_streaming
 
 pytestmark = pytest.mark.cpu
 
@@ -48,26 +48,28 @@ def test_property_catches_mutant(name: str) -> None:
 
 
 def test_unmutated_streaming_tier_passes_the_same_property() -> None:
-    result = _hunt(reference.streaming.streaming_attention)
+    result = _hunt(reference_streaming.streaming_attention)
     assert not result.caught, result.message
     assert result.examples == settings.default.max_examples
 
 
 def test_mutants_leave_the_production_module_alone() -> None:
-    before = inspect.getsource(reference.streaming)
+    before = inspect.getsource(reference_streaming)
     for name in MUTANTS:
-        assert load_mutant(name).streaming_attention is not reference.streaming.streaming_attention
-    assert inspect.getsource(reference.streaming) == before
+        assert load_mutant(name).streaming_attention is not reference_streaming.streaming_attention
+    assert inspect.getsource(reference_streaming) == before
     assert "m_safe = np.where(row_max == -np.inf, 0, row_max)" in before
 
 
 def test_a_rotted_snippet_is_an_error_not_a_silent_no_op() -> None:
-    rotted = Mutation("reference.streaming", "this line is not in streaming.py", "pass")
+    rotted = Mutation(
+        "attention_crossval.reference.streaming", "this line is not in streaming.py", "pass"
+    )
     with pytest.raises(MutantRotError, match="occurs 0 times"):
-        mutated_module("reference.streaming", [rotted], "rotted")
-    duplicated = Mutation("reference.streaming", "import", "import")
+        mutated_module("attention_crossval.reference.streaming", [rotted], "rotted")
+    duplicated = Mutation("attention_crossval.reference.streaming", "import", "import")
     with pytest.raises(MutantRotError, match="must be exactly once"):
-        mutated_module("reference.streaming", [duplicated], "duplicated")
+        mutated_module("attention_crossval.reference.streaming", [duplicated], "duplicated")
 
 
 def test_unknown_mutant_name_is_rejected() -> None:
@@ -86,7 +88,7 @@ def test_only_an_assertion_counts_as_a_catch() -> None:
         _hunt(crashes)
     with pytest.raises(FailedHealthCheck):
         hunt(
-            reference.streaming.streaming_attention,
+            reference_streaming.streaming_attention,
             attention_cases().filter(lambda case: False),
             block_m=REFERENCE_SPEC.tile_m,
             block_n=REFERENCE_SPEC.tile_n,

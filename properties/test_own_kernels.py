@@ -22,15 +22,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kernel.harness import run_case
-from kernel.registry import resolve
-from properties.test_kernels import (  # noqa: F401 - _close_workers: autouse fixture, reused
+from attention_crossval.kernel.harness import run_case
+from attention_crossval.kernel.registry import resolve
+from attention_crossval.properties.test_kernels import (  # noqa: F401 - _close_workers: autouse fixture, reused
     _close_workers,
     _worker,
 )
-from properties.test_kernels import test_kernel_passes_every_check as _kernel_property
-from reference.case import INPUT_DTYPES, AttentionCase, Mask
-from reference.masks import visible
+from attention_crossval.properties.test_kernels import (
+    test_kernel_passes_every_check as _kernel_property,
+)
+from attention_crossval.reference.case import INPUT_DTYPES, AttentionCase, Mask
+from attention_crossval.reference.masks import visible
 
 HAS_CUTLASS = importlib.util.find_spec("cutlass") is not None
 needs_cutlass = pytest.mark.skipif(
@@ -52,8 +54,8 @@ PTX_MUST_HAVE = (
 
 
 def _sm90(dtype: str, head_dim: int, causal: bool):
-    from kernel.adapters.own_sm90 import NUM_CONSUMER_WG, TILE_N
-    from kernel.sm90.fwd import FlashAttentionForwardSm90
+    from attention_crossval.kernel.adapters.own_sm90 import NUM_CONSUMER_WG, TILE_N
+    from attention_crossval.kernel.sm90.fwd import FlashAttentionForwardSm90
 
     return FlashAttentionForwardSm90(
         dtype, head_dim, causal, num_consumer_wg=NUM_CONSUMER_WG, tile_n=TILE_N
@@ -111,8 +113,8 @@ def test_sm90_register_views_match_the_mma_layouts(head_dim: int) -> None:
     import cutlass.utils.hopper_helpers as sm90_utils
     from cutlass.cute.nvgpu import OperandMajorMode, warpgroup
 
-    from kernel.adapters.own_sm90 import NUM_CONSUMER_WG, TILE_N
-    from kernel.sm90.fwd import ROWS_PER_WG, acc_as_operand_a, acc_rows_cols
+    from attention_crossval.kernel.adapters.own_sm90 import NUM_CONSUMER_WG, TILE_N
+    from attention_crossval.kernel.sm90.fwd import ROWS_PER_WG, acc_as_operand_a, acc_rows_cols
 
     tile_m = ROWS_PER_WG * NUM_CONSUMER_WG
     threads = [0, 1, 2, 3, 4, 5, 6, 7, 31, 32, 33, 34, 35, 97, 127, 128, 129, 130, 131, 254]
@@ -179,7 +181,7 @@ def test_kv_block_range_covers_exactly_the_visible_keys(
     """Blocks below ``n_block_max`` hold every key some valid row of the tile sees; blocks below
     ``n_block_unmasked`` are seen whole by every valid row (so skipping their mask is exact);
     with causal, no block at or past ``n_block_max`` holds a key the tile's rows see."""
-    from kernel.common.mask import kv_block_range
+    from attention_crossval.kernel.common.mask import kv_block_range
 
     tile_m, tile_n = 128, 128
     m_block = data.draw(st.integers(0, (seqlen_q - 1) // tile_m), label="m_block")
@@ -203,7 +205,7 @@ def test_kv_block_range_covers_exactly_the_visible_keys(
 def test_key_limit_is_the_visibility_predicate(seqlen_q: int, seqlen_k: int, causal: bool) -> None:
     """``apply_mask``'s per-row predicate ``j < key_limit(i)`` equals reference/masks.py for
     every row, empty rows (limit <= 0) included."""
-    from kernel.common.mask import key_limit
+    from attention_crossval.kernel.common.mask import key_limit
 
     q, kv = (np.zeros((1, n, 1, 1), np.float16) for n in (seqlen_q, seqlen_k))
     case = AttentionCase(q, kv, kv, mask=Mask(causal=causal))

@@ -21,14 +21,21 @@ from pathlib import Path
 
 import pytest
 
-from kernel.harness import run_case
-from kernel.registry import resolve
-from properties.test_kernels import (  # noqa: F401 - _close_workers: autouse fixture, reused
+from attention_crossval.kernel.harness import run_case
+from attention_crossval.kernel.registry import resolve
+from attention_crossval.properties.test_kernels import (  # noqa: F401 - _close_workers: autouse fixture, reused
     _close_workers,
     _worker,
 )
-from properties.test_kernels import test_kernel_passes_every_check as _kernel_property
-from properties.test_own_kernels import CONFIGS, TARGETED, assert_no_spills, needs_cutlass
+from attention_crossval.properties.test_kernels import (
+    test_kernel_passes_every_check as _kernel_property,
+)
+from attention_crossval.properties.test_own_kernels import (
+    CONFIGS,
+    TARGETED,
+    assert_no_spills,
+    needs_cutlass,
+)
 
 PTX_MUST_HAVE = (
     "tcgen05.mma.cta_group::1.kind::f16",
@@ -60,7 +67,7 @@ def test_sm100_compiles_to_tcgen05_without_spills(
     KV block; for bf16 causal (fp16 differs only in the MMA kind and the conversion, non-causal
     only lacks the mask, and a ptxas report costs ~2 s) ptxas (``remarks{ptx}``) reports 0 spill
     bytes."""
-    from kernel.sm100.fwd import TILE_N, FlashAttentionForwardSm100
+    from attention_crossval.kernel.sm100.fwd import TILE_N, FlashAttentionForwardSm100
 
     check_spills = dtype == "bfloat16" and causal
     options = f"--keep-ptx --dump-dir={tmp_path}" + (" remarks{ptx}" if check_spills else "")
@@ -94,9 +101,9 @@ def test_sm100_tmem_views_give_one_row_per_thread(head_dim: int) -> None:
     import cutlass.utils.blackwell_helpers as sm100_utils
     from cutlass.cute.nvgpu import OperandMajorMode, tcgen05
 
-    from kernel.adapters.own_sm100 import TILE_M as ADAPTER_TILE_M
-    from kernel.adapters.own_sm100 import TILE_N as ADAPTER_TILE_N
-    from kernel.sm100.fwd import (
+    from attention_crossval.kernel.adapters.own_sm100 import TILE_M as ADAPTER_TILE_M
+    from attention_crossval.kernel.adapters.own_sm100 import TILE_N as ADAPTER_TILE_N
+    from attention_crossval.kernel.sm100.fwd import (
         O_COL,
         P_COL,
         S_COL,

@@ -15,21 +15,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kernel.registry import resolve
-from reference.case import AttentionResult
-from report import configs as report_configs
-from report.cli import main
-from report.configs import Config, load_config_file, preset, sampled_configs
-from report.diff import diff_records, load_records
-from report.runner import Kernel, RunOptions, record_key
-from report.schema import _errors, load_schema, validate
-from report.session import run_report
+from attention_crossval.kernel.registry import resolve
+from attention_crossval.reference.case import AttentionResult
+from attention_crossval.report import configs as report_configs
+from attention_crossval.report.cli import main
+from attention_crossval.report.configs import Config, load_config_file, preset, sampled_configs
+from attention_crossval.report.diff import diff_records, load_records
+from attention_crossval.report.runner import Kernel, RunOptions, record_key
+from attention_crossval.report.schema import _errors, load_schema, validate
+from attention_crossval.report.session import run_report
 
 pytestmark = pytest.mark.cpu
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = RunOptions(rows=8)
-SAME_BY_PATH = "kernel.adapters.streaming:create"
+SAME_BY_PATH = "attention_crossval.kernel.adapters.streaming:create"
 
 
 @pytest.fixture(scope="module")
@@ -180,10 +180,10 @@ def test_triage_separates_kernel_bug_from_reference_and_records_errors(tmp_path)
 
 
 def test_without_matplotlib_json_and_markdown_still_written(tmp_path, monkeypatch, capsys):
-    import report
+    from attention_crossval import report
 
     for name in ("html", "plots"):  # forget the loaded modules, so they are imported afresh
-        monkeypatch.delitem(sys.modules, f"report.{name}", raising=False)
+        monkeypatch.delitem(sys.modules, f"attention_crossval.report.{name}", raising=False)
         monkeypatch.delattr(report, name, raising=False)
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     kernels = [Kernel("streaming-fa", resolve("streaming-fa"))]

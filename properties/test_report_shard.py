@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from kernel.registry import resolve
-from report.cli import main
-from report.configs import PRESETS, preset
-from report.schema import validate
-from report.shard import merge_reports, parse_gpus, parse_shard, shard_configs
+from attention_crossval.kernel.registry import resolve
+from attention_crossval.report.cli import main
+from attention_crossval.report.configs import PRESETS, preset
+from attention_crossval.report.schema import validate
+from attention_crossval.report.shard import merge_reports, parse_gpus, parse_shard, shard_configs
 
 pytestmark = pytest.mark.cpu
 

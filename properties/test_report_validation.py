@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from report.cli import main
+from attention_crossval.report.cli import main
 
 pytestmark = pytest.mark.cpu
 

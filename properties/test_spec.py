@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from kernel.spec import KernelSpec
-from reference.case import CausalAlignment
-from reference.precision import StreamingPrecision
+from attention_crossval.kernel.spec import KernelSpec
+from attention_crossval.reference.case import CausalAlignment
+from attention_crossval.reference.precision import StreamingPrecision
 
 pytestmark = pytest.mark.cpu
 

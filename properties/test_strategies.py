@@ -12,10 +12,10 @@ import pytest
 from hypothesis import event, find, given, settings
 from hypothesis import strategies as st
 
-from kernel.spec import KernelSpec
-from properties import coverage
-from properties.replay import reproducer_on_failure, save_case
-from properties.strategies import (
+from attention_crossval.kernel.spec import KernelSpec
+from attention_crossval.properties import coverage
+from attention_crossval.properties.replay import reproducer_on_failure, save_case
+from attention_crossval.properties.strategies import (
     DISTRIBUTIONS,
     REFERENCE_SPEC,
     attention_cases,
@@ -26,10 +26,10 @@ from properties.strategies import (
     score_distributions,
     tile_aware_lengths,
 )
-from reference.bounds import error_bound, unit_roundoff, visible_v_range
-from reference.case import AttentionCase, CausalAlignment, dtype_name
-from reference.precision import StreamingPrecision
-from reference.streaming import RescaleTrace, streaming_attention
+from attention_crossval.reference.bounds import error_bound, unit_roundoff, visible_v_range
+from attention_crossval.reference.case import AttentionCase, CausalAlignment, dtype_name
+from attention_crossval.reference.precision import StreamingPrecision
+from attention_crossval.reference.streaming import RescaleTrace, streaming_attention
 
 pytestmark = pytest.mark.cpu
 
@@ -184,7 +184,7 @@ def test_reproducer_note_names_a_replayable_file(tmp_path) -> None:
     with pytest.raises(AssertionError) as info, reproducer_on_failure(case, tmp_path):
         raise AssertionError("boom")
     (note,) = info.value.__notes__
-    assert note.startswith("reproduce: python -m properties.replay ")
+    assert note.startswith("reproduce: python -m attention_crossval.properties.replay ")
     assert AttentionCase.load(note.split()[-1]).label == case.label
 
 

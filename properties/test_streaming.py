@@ -12,15 +12,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import reference.bounds
-import reference.precision
-import reference.streaming
-from properties.strategies import DISTRIBUTIONS, attention_cases
-from reference.case import AttentionCase, Mask
-from reference.exact import exact_attention
-from reference.masks import empty_rows
-from reference.precision import StreamingPrecision, round_to
-from reference.streaming import RescaleTrace, streaming_attention
+from attention_crossval.properties.strategies import DISTRIBUTIONS, attention_cases
+from attention_crossval.reference import bounds as reference_bounds
+from attention_crossval.reference import precision as reference_precision
+from attention_crossval.reference import streaming as reference_streaming
+from attention_crossval.reference.case import AttentionCase, Mask
+from attention_crossval.reference.exact import exact_attention
+from attention_crossval.reference.masks import empty_rows
+from attention_crossval.reference.precision import StreamingPrecision, round_to
+from attention_crossval.reference.streaming import RescaleTrace, streaming_attention
 
 pytestmark = pytest.mark.cpu
 
@@ -275,7 +275,7 @@ def test_invalid_arguments_raise_value_error(kwargs):
 
 def test_log_constants_are_defined_once_in_precision() -> None:
     for name in ("LOG2_E", "LN_2"):
-        shared = getattr(reference.precision, name)
-        assert getattr(reference.streaming, name) is shared, name
-        assert getattr(reference.bounds, name) is shared, name
-    assert reference.precision.LOG2_E * reference.precision.LN_2 == pytest.approx(1.0, rel=1e-15)
+        shared = getattr(reference_precision, name)
+        assert getattr(reference_streaming, name) is shared, name
+        assert getattr(reference_bounds, name) is shared, name
+    assert reference_precision.LOG2_E * reference_precision.LN_2 == pytest.approx(1.0, rel=1e-15)

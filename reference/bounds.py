@@ -69,9 +69,9 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
-from reference.case import AttentionCase, AttentionResult
-from reference.masks import visible
-from reference.precision import LN_2, LOG2_E, StreamingPrecision
+from attention_crossval.reference.case import AttentionCase, AttentionResult
+from attention_crossval.reference.masks import visible
+from attention_crossval.reference.precision import LN_2, LOG2_E, StreamingPrecision
 
 KV_ORDERS = ("forward", "reverse", "any")
 EVALUATION_SLACK = 1 + 2.0**-30  # float64 rounding in evaluating the bound itself

@@ -33,9 +33,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from reference.bounds import format_info
-from reference.case import AttentionResult
-from reference.precision import round_to
+from attention_crossval.reference.bounds import format_info
+from attention_crossval.reference.case import AttentionResult
+from attention_crossval.reference.precision import round_to
 
 OUTPUT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 

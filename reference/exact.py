@@ -55,8 +55,8 @@ from mpmath.libmp import (
 )
 from mpmath.libmp.libelefun import exp_fixed, ln2_fixed
 
-from reference.case import AttentionCase, AttentionResult
-from reference.masks import visible
+from attention_crossval.reference.case import AttentionCase, AttentionResult
+from attention_crossval.reference.masks import visible
 
 #: Assumed bound on the error of ``exp_fixed(x, F)`` in units of ``2^-F`` for ``x <= 0``
 #: (mpmath's Taylor series plus squarings loses a few tens of units at most; the test samples it).

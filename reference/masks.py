@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from reference.case import AttentionCase, CausalAlignment
+from attention_crossval.reference.case import AttentionCase, CausalAlignment
 
 
 def visible(

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
-from reference.case import INPUT_DTYPES, dtype_name
+from attention_crossval.reference.case import INPUT_DTYPES, dtype_name
 
 LOG2_E = math.log2(math.e)  # scale_log2 = LOG2_E * softmax_scale: the constant folded into exp2
 LN_2 = math.log(2.0)  # natural-log LSE = log2-domain LSE * LN_2

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from reference.case import AttentionCase, AttentionResult
-from reference.masks import visible
-from reference.precision import LN_2, LOG2_E, StreamingPrecision, round_to
+from attention_crossval.reference.case import AttentionCase, AttentionResult
+from attention_crossval.reference.masks import visible
+from attention_crossval.reference.precision import LN_2, LOG2_E, StreamingPrecision, round_to
 
 
 class TraceRecorder:

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from reference.case import AttentionCase, AttentionResult, Mask
-from reference.masks import visible
+from attention_crossval.reference.case import AttentionCase, AttentionResult, Mask
+from attention_crossval.reference.masks import visible
 
 
 @dataclass(frozen=True, eq=False)

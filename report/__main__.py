@@ -2,6 +2,6 @@
 
 import sys
 
-from report.cli import main
+from attention_crossval.report.cli import main
 
 sys.exit(main())

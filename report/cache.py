@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from reference.case import AttentionCase
+from attention_crossval.reference.case import AttentionCase
 
 
 def case_digest(case: AttentionCase) -> str:
@@ -41,7 +41,7 @@ class ExactCache:
 
     def get(self, case: AttentionCase, rows: np.ndarray, prec_bits: int):
         """The exact result for ``rows`` of ``case``, computed once per key."""
-        from reference.exact import ExactResult, exact_attention
+        from attention_crossval.reference.exact import ExactResult, exact_attention
 
         hasher = hashlib.sha256(case_digest(case).encode())
         hasher.update(np.packbits(np.asarray(rows, bool)).tobytes())

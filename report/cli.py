@@ -22,9 +22,15 @@ from pathlib import Path
 # set before numpy is imported by anything below.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from report.configs import PRESETS, load_config_file, preset, sampled_configs, unique  # noqa: E402
-from report.runner import TIERS, RunOptions  # noqa: E402
-from report.shard import parse_shard  # noqa: E402
+from attention_crossval.report.configs import (  # noqa: E402
+    PRESETS,
+    load_config_file,
+    preset,
+    sampled_configs,
+    unique,
+)
+from attention_crossval.report.runner import TIERS, RunOptions  # noqa: E402
+from attention_crossval.report.shard import parse_shard  # noqa: E402
 
 DEFAULT_OUT = "attention-report-out"
 
@@ -264,7 +270,7 @@ def _configs(args: argparse.Namespace, kernels: list) -> list:
 
 def run_main(argv: Sequence[str]) -> int:
     args = _run_parser().parse_args(argv)
-    from kernel.registry import BUILTIN, available
+    from attention_crossval.kernel.registry import BUILTIN, available
 
     if args.list_kernels:
         here = set(available())
@@ -275,8 +281,13 @@ def run_main(argv: Sequence[str]) -> int:
         for name in PRESETS:
             print(f"{name:10} {len(preset(name)):4} configs")
         return 0
-    from report.session import resolve_kernels, run_report
-    from report.shard import parse_gpus, run_on_gpus, shard_configs, shard_provenance
+    from attention_crossval.report.session import resolve_kernels, run_report
+    from attention_crossval.report.shard import (
+        parse_gpus,
+        run_on_gpus,
+        shard_configs,
+        shard_provenance,
+    )
 
     options = RunOptions(
         tiers=tuple(dict.fromkeys(args.tier)) or TIERS,  # --tier exact twice: one exact tier
@@ -324,7 +335,7 @@ def _summary_line(report: dict, out: str, strict: bool) -> int:
 
 
 def diff_main(argv: Sequence[str]) -> int:
-    from report.diff import diff_records, load_records, render_diff
+    from attention_crossval.report.diff import diff_records, load_records, render_diff
 
     args = _diff_parser().parse_args(argv)
     rows = diff_records(
@@ -341,7 +352,7 @@ def diff_main(argv: Sequence[str]) -> int:
 
 
 def merge_main(argv: Sequence[str]) -> int:
-    from report.shard import merge_reports
+    from attention_crossval.report.shard import merge_reports
 
     args = _merge_parser().parse_args(argv)
     report = merge_reports(

@@ -24,9 +24,9 @@ import numpy as np
 
 # The builders of properties.strategies, from its private modules: the public module also loads
 # the pytest coverage plugin, and the report must run where pytest is not installed.
-from properties._strategies.scores import DISTRIBUTIONS, BuildContext
-from properties._strategies.shapes import Shape
-from reference.case import INPUT_DTYPES, AttentionCase, CausalAlignment, Mask
+from attention_crossval.properties._strategies.scores import DISTRIBUTIONS, BuildContext
+from attention_crossval.properties._strategies.shapes import Shape
+from attention_crossval.reference.case import INPUT_DTYPES, AttentionCase, CausalAlignment, Mask
 
 MASK_KINDS = ("none", "causal", "causal-top-left", "window", "varlen", "varlen-causal")
 
@@ -318,7 +318,7 @@ def sampled_configs(count: int, seed: int = 0, spec=None) -> list[SampledConfig]
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as hypothesis_seed
 
-    from properties.strategies import attention_cases
+    from attention_crossval.properties.strategies import attention_cases
 
     drawn: list[AttentionCase] = []
 

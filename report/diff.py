@@ -12,10 +12,10 @@ import math
 from collections import Counter
 from pathlib import Path
 
-from report.markdown import fmt
-from report.records import as_float
-from report.schema import SCHEMA_PATH, _errors, load_schema
-from report.session import read_report
+from attention_crossval.report.markdown import fmt
+from attention_crossval.report.records import as_float
+from attention_crossval.report.schema import SCHEMA_PATH, _errors, load_schema
+from attention_crossval.report.session import read_report
 
 _RANK = {"pass": 0, "unsupported": 0, "fail": 1, "error": 2}
 

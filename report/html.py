@@ -10,8 +10,15 @@ from __future__ import annotations
 import base64
 import html
 
-from report import plots
-from report.markdown import COLUMNS, LEGEND, PAIR_COLUMNS, header_lines, pair_rows, row_cells
+from attention_crossval.report import plots
+from attention_crossval.report.markdown import (
+    COLUMNS,
+    LEGEND,
+    PAIR_COLUMNS,
+    header_lines,
+    pair_rows,
+    row_cells,
+)
 
 _STYLE = """
 body { font-family: sans-serif; margin: 1.5em; color: #222; }

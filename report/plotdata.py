@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from reference.case import AttentionResult
+from attention_crossval.reference.case import AttentionResult
 
 HIST_EDGES_LOG10 = tuple(float(e) for e in np.arange(-8.0, 1.01, 0.5))
 PROFILE_ROW_BINS = 64

@@ -15,7 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from report.records import as_float  # noqa: E402
+from attention_crossval.report.records import as_float  # noqa: E402
 
 FLOOR = 1e-8  # plotted value for an exact zero error
 WORST_PANELS = 8

@@ -26,12 +26,12 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from kernel.references import PAIR_BOUND_SCALE, CaseReferences, output_dtype
-from reference.case import AttentionCase
-from reference.masks import visible
-from report.cache import ExactCache
-from report.plotdata import histogram, row_profile
-from report.records import clean
+from attention_crossval.kernel.references import PAIR_BOUND_SCALE, CaseReferences, output_dtype
+from attention_crossval.reference.case import AttentionCase
+from attention_crossval.reference.masks import visible
+from attention_crossval.report.cache import ExactCache
+from attention_crossval.report.plotdata import histogram, row_profile
+from attention_crossval.report.records import clean
 
 TIERS = ("exact", "streaming")
 
@@ -125,7 +125,7 @@ def _references(case: AttentionCase, options: RunOptions, cache: ExactCache) -> 
 def _run(kernel: Kernel, case: AttentionCase, options: RunOptions):
     """The harness verdict (defensive checks, declared conventions translated), or the
     exception text when an in-process kernel raised."""
-    from kernel.harness import run_case
+    from attention_crossval.kernel.harness import run_case
 
     try:
         return run_case(

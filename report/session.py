@@ -23,10 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-from report.cache import ExactCache
-from report.records import RecordLog
-from report.runner import Kernel, RunOptions, evaluate, record_key
-from report.schema import SCHEMA_VERSION, validate
+from attention_crossval.report.cache import ExactCache
+from attention_crossval.report.records import RecordLog
+from attention_crossval.report.runner import Kernel, RunOptions, evaluate, record_key
+from attention_crossval.report.schema import SCHEMA_VERSION, validate
 
 
 def resolve_kernels(
@@ -37,8 +37,8 @@ def resolve_kernels(
     ``isolate``: ``auto`` runs CUDA kernels in an isolated worker process (a crash or hang is
     a finding and a fresh worker continues) and CPU kernels in process; ``always`` / ``never``.
     """
-    from kernel.harness import IsolatedKernel
-    from kernel.registry import resolve
+    from attention_crossval.kernel.harness import IsolatedKernel
+    from attention_crossval.kernel.registry import resolve
 
     if len(set(names)) != len(names):
         raise ValueError(f"kernels={list(names)} must not repeat a kernel")
@@ -131,7 +131,7 @@ def summarize(records: Sequence[dict]) -> dict:
 def write_outputs(report: dict, out: Path, *, html: bool = True) -> list[Path]:
     """report.json, report.md and (with ``html`` and matplotlib) report.html; returns the paths
     written."""
-    from report.markdown import render_markdown
+    from attention_crossval.report.markdown import render_markdown
 
     paths = [_write(out / "report.json", json.dumps(report, indent=1, allow_nan=False))]
     paths.append(_write(out / "report.md", render_markdown(report)))
@@ -140,7 +140,7 @@ def write_outputs(report: dict, out: Path, *, html: bool = True) -> list[Path]:
         stale.unlink(missing_ok=True)  # never leave a page that disagrees with report.json
         return paths
     try:
-        from report.html import render_html
+        from attention_crossval.report.html import render_html
     except ImportError as error:
         stale.unlink(missing_ok=True)
         print(f"attention-report: no HTML page ({error}); wrote JSON and Markdown", file=sys.stderr)

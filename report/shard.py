@@ -21,8 +21,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from report.schema import SCHEMA_VERSION, validate
-from report.session import read_report, summarize, write_outputs
+from attention_crossval.report.schema import SCHEMA_VERSION, validate
+from attention_crossval.report.session import read_report, summarize, write_outputs
 
 _CHILD_LOG = "shard.log"
 
@@ -56,7 +56,7 @@ def shard_provenance(index: int, count: int) -> dict:
 
 def parse_gpus(text: str) -> list[str]:
     """``all`` -> the GPUs this process may use; else the comma-separated ids, in order."""
-    from kernel.gpu_workers import visible_gpus
+    from attention_crossval.kernel.gpu_workers import visible_gpus
 
     gpus = visible_gpus() if text == "all" else [g.strip() for g in text.split(",") if g.strip()]
     if not gpus:
@@ -103,7 +103,12 @@ def run_on_gpus(
         path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu, "PYTHONPATH": path}
         log = (folder / _CHILD_LOG).open("w")
-        command = [sys.executable, "-m", "report", *_child_argv(argv, folder, index, count)]
+        command = [
+            sys.executable,
+            "-m",
+            "attention_crossval.report",
+            *_child_argv(argv, folder, index, count),
+        ]
         children.append((folder, log, subprocess.Popen(command, env=env, stdout=log, stderr=log)))
         print(f"attention-report: shard {index}/{count} on CUDA_VISIBLE_DEVICES={gpu} -> {folder}/")
     failed = []

@@ -48,11 +48,11 @@ ACCURACY_SHAPES = [  # (B, H, Sq, Sk, D, dtype, causal)
 def accuracy(rows: list[str]) -> None:
     import numpy as np
 
-    from kernel.adapters._torch import float64_reference
-    from kernel.adapters.own_sm90 import create
-    from reference.bounds import error_bound, lse_error_bound
-    from reference.case import INPUT_DTYPES, AttentionCase, Mask
-    from reference.compare import compare
+    from attention_crossval.kernel.adapters._torch import float64_reference
+    from attention_crossval.kernel.adapters.own_sm90 import create
+    from attention_crossval.reference.bounds import error_bound, lse_error_bound
+    from attention_crossval.reference.case import INPUT_DTYPES, AttentionCase, Mask
+    from attention_crossval.reference.compare import compare
 
     adapter = create()
     seen: set[tuple[str, int, bool]] = set()
@@ -128,7 +128,7 @@ def _bench_shape(B: int, H: int, S: int, D: int, causal: bool) -> list[float]:
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from kernel.adapters.own_sm90 import launch
+    from attention_crossval.kernel.adapters.own_sm90 import launch
 
     flops = 4 * B * H * S * S * D / (2 if causal else 1)
     q, k, v = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))

@@ -14,8 +14,8 @@ import json
 import sys
 from pathlib import Path
 
-from report.markdown import COLUMNS, LEGEND, header_lines, row_cells
-from report.records import as_float
+from attention_crossval.report.markdown import COLUMNS, LEGEND, header_lines, row_cells
+from attention_crossval.report.records import as_float
 
 
 def _badness(record: dict) -> float:
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=12, help="table rows (default 12)")
     parser.add_argument("--note", default="", help="one more provenance line (e.g. wall time)")
     args = parser.parse_args(argv)
-    from report import plots
+    from attention_crossval.report import plots
 
     report = json.loads(args.report.read_text())
     args.stem.parent.mkdir(parents=True, exist_ok=True)

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from kernel.spec import KernelSpec
-from reference.case import CausalAlignment
+from attention_crossval.kernel.spec import KernelSpec
+from attention_crossval.reference.case import CausalAlignment
 
 # (kernel name, dtype, D, causal) -> compiled kernel, for this process
 _COMPILED: dict[tuple[str, str, int, bool], Any] = {}
@@ -56,7 +56,7 @@ def launch(
     import torch
     from cutlass.cute.runtime import from_dlpack
 
-    from kernel.common.softmax import LOG2_E
+    from attention_crossval.kernel.common.softmax import LOG2_E
 
     if q.shape[2] != k.shape[2]:
         raise ValueError(f"Hq={q.shape[2]} must equal Hkv={k.shape[2]} (no GQA in {name})")

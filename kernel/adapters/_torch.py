@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from reference.case import AttentionCase, AttentionResult
+from attention_crossval.reference.case import AttentionCase, AttentionResult
 
 GUARD = 128  # rows of guard band on each side of every sequence (>= any tile_m)
 # Guard fill bit patterns: quiet NaNs with a payload no arithmetic is likely to produce.
@@ -167,7 +167,7 @@ def float64_reference(case: AttentionCase, device: str = "cuda") -> AttentionRes
     """
     import torch
 
-    from reference.masks import visible_all
+    from attention_crossval.reference.masks import visible_all
 
     def load(array: np.ndarray) -> Any:
         return torch.from_numpy(

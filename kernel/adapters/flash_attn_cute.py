@@ -16,9 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kernel.adapters import _torch
-from kernel.spec import KernelSpec
-from reference.case import AttentionCase, CausalAlignment
+from attention_crossval.kernel.adapters import _torch
+from attention_crossval.kernel.spec import KernelSpec
+from attention_crossval.reference.case import AttentionCase, CausalAlignment
 
 
 def _spec() -> KernelSpec:

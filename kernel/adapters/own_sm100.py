@@ -19,9 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kernel.adapters import _cute, _torch
-from kernel.spec import KernelSpec
-from reference.case import AttentionCase
+from attention_crossval.kernel.adapters import _cute, _torch
+from attention_crossval.kernel.spec import KernelSpec
+from attention_crossval.reference.case import AttentionCase
 
 TILE_M = TILE_N = 128  # kernel.sm100.fwd's tiles (not imported: that needs cutlass); tested equal
 
@@ -40,7 +40,7 @@ class OwnSm100Adapter(_torch.GuardedOutputsAdapter):
     def launch(self, case: AttentionCase, q: Any, k: Any, v: Any, out: Any, lse: Any) -> None:
         import torch
 
-        from kernel.harness import Declined
+        from attention_crossval.kernel.harness import Declined
 
         major, minor = torch.cuda.get_device_capability()
         if major != 10:
@@ -54,7 +54,7 @@ class OwnSm100Adapter(_torch.GuardedOutputsAdapter):
 
 
 def _make_kernel(dtype: str, head_dim: int, causal: bool) -> Any:
-    from kernel.sm100.fwd import FlashAttentionForwardSm100
+    from attention_crossval.kernel.sm100.fwd import FlashAttentionForwardSm100
 
     return FlashAttentionForwardSm100(dtype, head_dim, causal)
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kernel.adapters import _cute, _torch
-from kernel.spec import KernelSpec
-from reference.case import AttentionCase
+from attention_crossval.kernel.adapters import _cute, _torch
+from attention_crossval.kernel.spec import KernelSpec
+from attention_crossval.reference.case import AttentionCase
 
 NUM_CONSUMER_WG = 2  # 128-row query tiles
 TILE_N = 128
@@ -45,7 +45,7 @@ def launch(
 
 
 def _make_kernel(dtype: str, head_dim: int, causal: bool) -> Any:
-    from kernel.sm90.fwd import FlashAttentionForwardSm90
+    from attention_crossval.kernel.sm90.fwd import FlashAttentionForwardSm90
 
     return FlashAttentionForwardSm90(
         dtype, head_dim, causal, num_consumer_wg=NUM_CONSUMER_WG, tile_n=TILE_N

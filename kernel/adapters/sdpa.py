@@ -24,11 +24,11 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from kernel.adapters import _torch
-from kernel.harness import Declined
-from kernel.spec import KernelSpec
-from reference.case import AttentionCase, AttentionResult, CausalAlignment
-from reference.precision import StreamingPrecision
+from attention_crossval.kernel.adapters import _torch
+from attention_crossval.kernel.harness import Declined
+from attention_crossval.kernel.spec import KernelSpec
+from attention_crossval.reference.case import AttentionCase, AttentionResult, CausalAlignment
+from attention_crossval.reference.precision import StreamingPrecision
 
 _FLOATS = frozenset({"float16", "bfloat16", "float32"})
 _HALVES = frozenset({"float16", "bfloat16"})
@@ -110,7 +110,7 @@ class SdpaAdapter:
         ):
             kwargs["is_causal"] = True
         elif case.mask.kinds:
-            from reference.masks import visible_all
+            from attention_crossval.reference.masks import visible_all
 
             kwargs["attn_mask"] = torch.from_numpy(visible_all(case)).to(q.device)
         with warnings.catch_warnings(record=True) as caught:

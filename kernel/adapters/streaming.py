@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kernel.spec import KernelSpec
-from reference.case import AttentionCase, AttentionResult, CausalAlignment
-from reference.streaming import streaming_attention
+from attention_crossval.kernel.spec import KernelSpec
+from attention_crossval.reference.case import AttentionCase, AttentionResult, CausalAlignment
+from attention_crossval.reference.streaming import streaming_attention
 
 
 def _spec() -> KernelSpec:

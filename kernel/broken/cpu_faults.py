@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kernel.spec import KernelSpec
-from reference.case import AttentionCase, AttentionResult
-from reference.precision import StreamingPrecision
-from reference.streaming import streaming_attention
+from attention_crossval.kernel.spec import KernelSpec
+from attention_crossval.reference.case import AttentionCase, AttentionResult
+from attention_crossval.reference.precision import StreamingPrecision
+from attention_crossval.reference.streaming import streaming_attention
 
 GUARD = 4
 _GUARD_VALUE = -7.0e300  # a value no attention output can hold

@@ -16,9 +16,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from kernel.adapters import _torch
-from kernel.spec import KernelSpec
-from reference.case import AttentionCase, CausalAlignment
+from attention_crossval.kernel.adapters import _torch
+from attention_crossval.kernel.spec import KernelSpec
+from attention_crossval.reference.case import AttentionCase, CausalAlignment
 
 BLOCK_M, BLOCK_N = 64, 64
 _BUGS = {
@@ -59,7 +59,7 @@ class TritonFlashAdapter(_torch.GuardedOutputsAdapter):
     def launch(self, case: AttentionCase, q: Any, k: Any, v: Any, out: Any, lse: Any) -> None:
         import torch
 
-        from kernel.broken._triton_kernel import attention_fwd
+        from attention_crossval.kernel.broken._triton_kernel import attention_fwd
 
         q_len = torch.tensor(
             [case.q_length(b) for b in range(case.B)], dtype=torch.int32, device=q.device

@@ -10,7 +10,7 @@ from __future__ import annotations
 import cutlass.cute as cute
 from cutlass import Float32
 
-from kernel.common.softmax import LOG2_E
+from attention_crossval.kernel.common.softmax import LOG2_E
 
 
 def attention_views(

@@ -51,9 +51,9 @@ from cutlass.cute.nvgpu import tcgen05
 from cutlass.memory import SmemAllocator, TmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
-from kernel.common.host import attention_views, compile_on_fake_tensors
-from kernel.common.mask import apply_mask, kv_block_range
-from kernel.common.softmax import OnlineSoftmax
+from attention_crossval.kernel.common.host import attention_views, compile_on_fake_tensors
+from attention_crossval.kernel.common.mask import apply_mask, kv_block_range
+from attention_crossval.kernel.common.softmax import OnlineSoftmax
 
 DTYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16}
 HEAD_DIMS = (64, 128)

@@ -34,9 +34,9 @@ from cutlass.cute.nvgpu import warpgroup
 from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
-from kernel.common.host import attention_views, compile_on_fake_tensors
-from kernel.common.mask import apply_mask, kv_block_range
-from kernel.common.softmax import OnlineSoftmax, rescale_rows
+from attention_crossval.kernel.common.host import attention_views, compile_on_fake_tensors
+from attention_crossval.kernel.common.mask import apply_mask, kv_block_range
+from attention_crossval.kernel.common.softmax import OnlineSoftmax, rescale_rows
 
 DTYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16}
 HEAD_DIMS = (64, 128)

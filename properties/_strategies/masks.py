@@ -12,10 +12,10 @@ from collections.abc import Collection
 import numpy as np
 from hypothesis import strategies as st
 
-from kernel.spec import MASK_KINDS
-from properties._strategies.shapes import Shape, tile_aware_lengths
-from reference.case import AttentionCase, CausalAlignment, Mask
-from reference.masks import empty_rows
+from attention_crossval.kernel.spec import MASK_KINDS
+from attention_crossval.properties._strategies.shapes import Shape, tile_aware_lengths
+from attention_crossval.reference.case import AttentionCase, CausalAlignment, Mask
+from attention_crossval.reference.masks import empty_rows
 
 _SHORT = {CausalAlignment.BOTTOM_RIGHT: "br", CausalAlignment.TOP_LEFT: "tl"}
 

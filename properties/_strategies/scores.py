@@ -17,9 +17,9 @@ from dataclasses import dataclass
 import numpy as np
 from hypothesis import strategies as st
 
-from properties._strategies.shapes import Shape
-from reference.case import AttentionCase, Mask
-from reference.masks import visible_all
+from attention_crossval.properties._strategies.shapes import Shape
+from attention_crossval.reference.case import AttentionCase, Mask
+from attention_crossval.reference.masks import visible_all
 
 _FP16_MAX = 65504.0
 # ln of the subnormal range of P's dtype ([smallest subnormal / 2, smallest normal)): P there

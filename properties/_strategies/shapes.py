@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from hypothesis import strategies as st
 
-from kernel.spec import KernelSpec
+from attention_crossval.kernel.spec import KernelSpec
 
 
 @dataclass(frozen=True)

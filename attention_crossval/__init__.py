@@ -1,0 +1,29 @@
+"""attention-crossval: prove attention kernels correct against exact references.
+
+This is the public surface for adapter authors; everything else is internal. The project's
+packages live under this one namespace (``attention_crossval.reference``, ``.kernel``,
+``.properties``, ``.report``), so a user's own folders named ``kernel/`` or ``report/`` never
+shadow them.
+
+>>> from attention_crossval import KernelSpec
+>>> KernelSpec(name="mine", device="cpu").device
+'cpu'
+"""
+
+from __future__ import annotations
+
+from attention_crossval.kernel.isolation import Declined
+from attention_crossval.kernel.spec import KernelAdapter, KernelSpec
+from attention_crossval.reference.case import AttentionCase, AttentionResult, CausalAlignment, Mask
+from attention_crossval.reference.precision import StreamingPrecision
+
+__all__ = [
+    "AttentionCase",
+    "AttentionResult",
+    "CausalAlignment",
+    "Declined",
+    "KernelAdapter",
+    "KernelSpec",
+    "Mask",
+    "StreamingPrecision",
+]

@@ -1,0 +1,140 @@
+"""The pytest plugin (entry point ``pytest11``): options, markers, Hypothesis profiles, GPU skips.
+
+Installed with the package, so ``pytest --pyargs attention_crossval.properties -m kernel
+--kernel mypkg.fa:adapter`` works from any directory. torch and CUDA are only touched inside
+hooks, so ``pytest -m cpu`` collects on a machine with neither.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+
+# OpenBLAS with its default thread count is ~750x slower on small GEMMs on a 2-core VM; this must
+# happen before numpy is imported anywhere (docs/numerics.md, "Small GEMMs").
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from hypothesis import HealthCheck, Phase, Verbosity, settings  # noqa: E402
+
+# gpu_workers: one GPU per xdist worker; coverage: shape x mask x distribution x dtype tally
+pytest_plugins = ["attention_crossval.kernel.gpu_workers", "attention_crossval.properties.coverage"]
+
+MARKERS = {
+    "cpu": "runs without a GPU (reference-only checks, and kernels declared device='cpu')",
+    "gpu": "needs a CUDA GPU and torch; skipped with a reason otherwise",
+    "kernel": "checks the kernel under test (--kernel); carries cpu or gpu by the kernel's device",
+    "blackwell": "needs an SM100 (Blackwell) GPU; skipped elsewhere",
+    "slow": "long-running checks (thorough runs)",
+}
+
+_SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large]
+settings.register_profile("dev", max_examples=25, deadline=None, suppress_health_check=_SLOW_OK)
+settings.register_profile(
+    "ci",
+    parent=settings.get_profile("ci"),  # Hypothesis' own: derandomized, no database, print_blob
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=_SLOW_OK,
+)
+settings.register_profile(
+    "thorough", max_examples=2000, deadline=None, suppress_health_check=_SLOW_OK, phases=list(Phase)
+)
+settings.register_profile(
+    "debug",
+    max_examples=10,
+    deadline=None,
+    verbosity=Verbosity.verbose,
+    suppress_health_check=_SLOW_OK,
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addini(
+        "attention_crossval_strict",
+        type="bool",
+        default=False,
+        help="refuse every collected test not marked cpu or gpu (this package's own tests always)",
+    )
+    group = parser.getgroup("attention", "attention kernel cross-validation")
+    group.addoption(
+        "--kernel",
+        action="append",
+        default=[],
+        metavar="NAME_OR_PATH",
+        help="kernel under test for kernel-marked tests: a built-in name (see `attention-report "
+        "--list-kernels`) or a dotted path package.module:attr; repeatable",
+    )
+    group.addoption(
+        "--report-dir",
+        default=None,
+        metavar="DIR",
+        help="write failing cases (.npz) and per-test error reports here",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name, description in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {description}")
+    report_dir = config.getoption("--report-dir")
+    if report_dir:  # where properties.replay saves failing cases (.npz)
+        os.environ["ATTENTION_REPORT_DIR"] = str(report_dir)
+
+
+def _is_blackwell() -> bool:
+    import torch
+
+    return torch.cuda.get_device_capability()[0] == 10
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    ours = [item for item in items if _is_ours(item)]
+    unmarked = [
+        item.nodeid for item in ours if not ({"cpu", "gpu"} & {m.name for m in item.iter_markers()})
+    ]
+    if unmarked:
+        raise pytest.UsageError(f"every test must be marked cpu or gpu; unmarked: {unmarked[:5]}")
+    from attention_crossval.kernel.gpu_workers import cuda_available
+
+    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu_items:
+        return
+    has_cuda, reason = cuda_available()
+    for item in gpu_items:
+        if not has_cuda:
+            item.add_marker(pytest.mark.skip(reason=f"gpu test skipped: {reason}"))
+        elif item.get_closest_marker("blackwell") and not _is_blackwell():
+            item.add_marker(pytest.mark.skip(reason="needs an SM100 (Blackwell) GPU; none here"))
+
+
+def _is_ours(item: pytest.Item) -> bool:
+    """Tests of this package, or every test where the ini option ``attention_crossval_strict``
+    is set: a user's own unrelated tests are never refused for lacking a cpu/gpu marker."""
+    return item.path.parent == _tests_dir() or bool(item.config.getini("attention_crossval_strict"))
+
+
+@functools.cache
+def _tests_dir() -> Path:
+    """Where this package's own tests live (the checkout's properties/, or the installed copy)."""
+    return Path(importlib.util.find_spec("attention_crossval.properties").origin).resolve().parent
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    import mpmath
+
+    from attention_crossval.kernel.gpu_workers import cuda_available
+
+    has_cuda, gpu = (
+        cuda_available() if config.getoption("-m") != "cpu" else (False, "not probed (-m cpu)")
+    )
+    profile = settings.get_current_profile_name()
+    return [
+        f"numpy {np.__version__}, mpmath {mpmath.__version__} (backend {mpmath.libmp.BACKEND})",
+        f"hypothesis profile: {profile}; OPENBLAS_NUM_THREADS={os.environ['OPENBLAS_NUM_THREADS']}",
+        f"gpu: {gpu}",
+    ]
