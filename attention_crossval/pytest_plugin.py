@@ -44,6 +44,10 @@ settings.register_profile(
 settings.register_profile(
     "thorough", max_examples=2000, deadline=None, suppress_health_check=_SLOW_OK, phases=list(Phase)
 )
+# A fixed-size load for throughput measurements (benchmarks/bench_multi_gpu.py).
+settings.register_profile(
+    "soak", max_examples=100, deadline=None, suppress_health_check=_SLOW_OK, derandomize=True
+)
 settings.register_profile(
     "debug",
     max_examples=10,

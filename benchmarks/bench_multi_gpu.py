@@ -1,8 +1,8 @@
 """Scaling over the GPUs of one node: checked cases per minute on 1 GPU vs all N, same case set.
 
-NEVER RUN ON GPUs: written on a CPU-only machine; no multi-GPU number exists yet. Only the
-report path was smoke-run there, with fake ids (``--only report --gpus a,b --preset tiny
---kernel streaming-fa``), which measures nothing. It refuses to start with fewer than 2 GPUs.
+It refuses to start with fewer than 2 GPUs. ``--counts`` picks which runs to make (``1``,
+``all`` or both), so that a workload too long for one command can be timed in two; the speedup
+column then needs both rows of one invocation.
 
 Two workloads, each timed cold (fresh output folder, so no exact-tier cache is reused):
 
@@ -63,6 +63,7 @@ def _pytest_run(gpus: list[str], args: argparse.Namespace, work: Path) -> tuple[
 
 
 _NOT_PASSED = {"failure", "error", "skipped"}
+_COUNT_SLICES = {"1": (0, 1), "all": (1, 2), "1,all": (0, 2)}
 _WORKLOADS = {"report": _report_run, "pytest": _pytest_run}
 
 
@@ -91,6 +92,9 @@ def main() -> int:
     parser.add_argument(
         "--pytest-arg", action="append", default=[], help="extra pytest argument, repeatable"
     )
+    parser.add_argument(
+        "--counts", choices=("1", "all", "1,all"), default="1,all", help="GPU counts to time"
+    )
     parser.add_argument("--work", help="folder for outputs (default: a temporary one)")
     args = parser.parse_args()
     args.kernel = args.kernel or ["sdpa-flash"]
@@ -107,7 +111,7 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     rows = []
     for name in [args.only] if args.only else sorted(_WORKLOADS):
-        for chosen in ([gpus[0]], gpus):
+        for chosen in [[gpus[0]], gpus][slice(*_COUNT_SLICES[args.counts])]:
             cases, wall = _WORKLOADS[name](chosen, args, work)
             rows.append((name, len(chosen), cases, wall, 60.0 * cases / wall))
     print(_machine(gpus))
@@ -116,8 +120,8 @@ def main() -> int:
     header = ("workload", "GPUs", "cases", "wall s", "cases/min", "speedup")
     print("{:<8} {:>4} {:>7} {:>8} {:>10} {:>8}".format(*header))
     for name, count, cases, wall, rate in rows:
-        base = next(r[4] for r in rows if r[0] == name and r[1] == 1)
-        speedup = f"{rate / base:.2f}x" if base else "-"  # no case passed on 1 GPU
+        base = next((r[4] for r in rows if r[0] == name and r[1] == 1), None)
+        speedup = f"{rate / base:.2f}x" if base else "-"  # no 1-GPU row, or nothing passed
         print(f"{name:<8} {count:>4} {cases:>7} {wall:>8.1f} {rate:>10.1f} {speedup:>8}")
     return 0
 
