@@ -1,5 +1,5 @@
-"""The checkout's own test session. Options, markers, profiles and GPU skips come from the
-installed plugin (attention_crossval/pytest_plugin.py, entry point ``pytest11``), the same one
-a user's repository gets; only pytester, for the acceptance tests, is added here."""
+"""The checkout's own test session: the package's pytest plugin (options, markers, profiles, GPU
+skips: the same one a user's repository gets through its ``pytest11`` entry point, named here
+too so that a checkout on PYTHONPATH works uninstalled) and pytester for the acceptance tests."""
 
-pytest_plugins = ["pytester"]
+pytest_plugins = ["pytester", "attention_crossval.pytest_plugin"]

@@ -12,10 +12,23 @@ shadow them.
 
 from __future__ import annotations
 
-from attention_crossval.kernel.isolation import Declined
-from attention_crossval.kernel.spec import KernelAdapter, KernelSpec
-from attention_crossval.reference.case import AttentionCase, AttentionResult, CausalAlignment, Mask
-from attention_crossval.reference.precision import StreamingPrecision
+from pathlib import Path
+
+# In a source checkout the subpackages are the repository's top-level folders (an install maps
+# them under this package instead), so a checkout on PYTHONPATH works without installing.
+_CHECKOUT = Path(__file__).resolve().parent.parent
+if (_CHECKOUT / "pyproject.toml").is_file() and (_CHECKOUT / "reference" / "case.py").is_file():
+    __path__.append(str(_CHECKOUT))
+
+from attention_crossval.kernel.isolation import Declined  # noqa: E402
+from attention_crossval.kernel.spec import KernelAdapter, KernelSpec  # noqa: E402
+from attention_crossval.reference.case import (  # noqa: E402
+    AttentionCase,
+    AttentionResult,
+    CausalAlignment,
+    Mask,
+)
+from attention_crossval.reference.precision import StreamingPrecision  # noqa: E402
 
 __all__ = [
     "AttentionCase",
