@@ -4,8 +4,9 @@ Narrowing a declaration (say, no varlen) hides a divergence from every report. A
 :class:`KnownFinding` in ``KernelSpec.known_findings`` keeps the cases in scope instead: when
 every failed check of a case is covered by a known finding that applies to it, the report calls
 the record ``known`` (with the reason and link) and pytest calls it xfail
-(:func:`xfail_if_known`); any other failure still fails. The dedicated strict-xfail test per
-known finding (properties/test_known_findings.py) turns an upstream fix into a failure.
+(:func:`xfail_if_known`; a property test rejects the example); any other failure still fails.
+The strict-xfail test per known finding (properties/test_known_strict.py) turns an upstream fix
+into a failure.
 """
 
 from __future__ import annotations
@@ -129,13 +130,22 @@ def run_with_known(adapter: KernelAdapter, case: AttentionCase, **kwargs: Any) -
 
 
 def xfail_if_known(verdict: Verdict, spec: KernelSpec, case: AttentionCase) -> None:
-    """``pytest.xfail`` with the reasons when every failed check of ``verdict`` is a known
-    finding of ``spec`` on ``case``; otherwise return (the caller then raises the failures)."""
+    """When every failed check of ``verdict`` is a known finding of ``spec`` on ``case``:
+    ``pytest.xfail`` with the reasons; inside a Hypothesis test, the example is rejected instead
+    (with a Hypothesis event naming the finding), because an xfail there ends the search and
+    hides the kernel's other bugs. Otherwise return (the caller raises the failures)."""
     known = covering(spec, case, verdict.findings)
-    if known:
-        import pytest
+    if not known:
+        return
+    reason = "; ".join(str(k) for k in known)
+    from hypothesis import control, event, reject
 
-        pytest.xfail("; ".join(str(k) for k in known))
+    if control.currently_in_test_context():
+        event(f"known: {', '.join(k.check for k in known)}")
+        reject()
+    import pytest
+
+    pytest.xfail(reason)
 
 
 def trigger_case(spec: KernelSpec, known: KnownFinding) -> AttentionCase:

@@ -7,7 +7,7 @@
   by 0 (``padding-read``: NaN there reaches every row of the batch);
 * ``fixed``: declares ``reads_padding``'s finding but no longer reads padding (an upstream fix,
   which the strict-xfail test must report);
-* ``reads_padding_and_wrong``: reads padding and also scales O by 1 + 2^-4 on varlen cases, a
+* ``reads_padding_and_wrong``: reads padding and also scales O by 1 + 2^-4 on causal cases, a
   bug no known finding covers.
 """
 
@@ -57,7 +57,7 @@ class DivergentAdapter:
         if self.divergence.startswith("reads_padding"):
             for b in range(case.B):
                 o[b] += 0.0 * case.v[b, case.k_length(b) :].astype(np.float64).sum()
-        if self.divergence == "reads_padding_and_wrong" and "varlen" in case.mask.kinds:
+        if self.divergence == "reads_padding_and_wrong" and case.mask.causal:
             o = o * (1 + 2.0**-4)
         return AttentionResult(o=o, lse=result.lse)
 
