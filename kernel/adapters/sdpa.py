@@ -12,10 +12,12 @@ Conventions, declared rather than failed on:
   Sq != Sk and takes no mask, so it declares no mask kinds; the efficient backend has no GQA;
   cuDNN refuses Sk == 1. A backend's "No available kernel" is raised as
   :class:`kernel.harness.Declined` (the case is skipped with torch's reasons, and counted).
-* Known findings (``KernelSpec.known_findings``), kept in scope rather than declared away:
-  math and efficient let NaN in masked K/V reach the output (a mask adds -inf to a NaN score,
-  which stays NaN), so varlen padding is read (``padding-read``); cuDNN gives neither 0 nor NaN
-  for a row that a boolean mask hides entirely (``empty-rows``).
+* Known findings (``KernelSpec.known_findings``), kept in scope rather than declared away.
+  Measured on torch 2.11 / H200 (2026-12-01), bf16 and fp16: math, efficient and cuDNN let NaN
+  in masked-out K/V reach every row of the batch (a mask adds -inf to a NaN score, which stays
+  NaN; 1e4 there is harmless), so varlen padding is read (``padding-read``); cuDNN gives a
+  nonzero output (up to 0.5) for a row that a boolean mask hides entirely, where math and
+  efficient give 0 (``empty-rows``).
 * Outputs cannot be preallocated (no ``out=``), so the NaN-prefill and output guard-band checks
   do not apply; NaN padding, poisoned input guard bands, determinism and finiteness do.
 """
@@ -47,9 +49,9 @@ _NAN_THROUGH_MASK = KnownFinding(
 )
 _CUDNN_EMPTY_ROWS = KnownFinding(
     check="empty-rows",
-    mask_kinds=frozenset({"explicit", "window"}),
+    mask_kinds=frozenset({"explicit", "window", "varlen"}),
     reason="a query row that the boolean mask hides entirely gets a nonzero output (neither "
-    "O = 0 nor NaN). Not yet reported upstream.",
+    "O = 0 nor NaN; up to 0.5 on N(0,1) inputs). Not yet reported upstream.",
     link=_PYTORCH,
 )
 
@@ -84,12 +86,12 @@ _BACKENDS = {
     "cudnn": _Backend(
         "CUDNN_ATTENTION",
         _HALVES,
-        frozenset({"causal", "window", "explicit"}),
+        _MASKS,
         True,
         128,
         128,
         False,
-        (_CUDNN_EMPTY_ROWS,),
+        (_CUDNN_EMPTY_ROWS, _NAN_THROUGH_MASK),
     ),
 }
 
