@@ -111,6 +111,7 @@ def run_with_known(adapter: KernelAdapter, case: AttentionCase, **kwargs: Any) -
     """``kernel.harness.run_case``; when every finding is known and one is ``padding-read``,
     the case runs again with zero padding and without that check, so the checks it blocked
     (``bound``, ``lse``, empty rows) still apply. The known findings stay in the verdict."""
+    # Imported here: the harness imports kernel.spec, which imports this module.
     from attention_crossval.kernel.harness import applied_checks, fill_padding, run_case
 
     verdict = run_case(adapter, case, **kwargs)
