@@ -13,6 +13,7 @@ shadow them.
 from __future__ import annotations
 
 from attention_crossval.kernel.isolation import Declined
+from attention_crossval.kernel.known_findings import KnownFinding
 from attention_crossval.kernel.spec import KernelAdapter, KernelSpec
 from attention_crossval.reference.case import AttentionCase, AttentionResult, CausalAlignment, Mask
 from attention_crossval.reference.precision import StreamingPrecision
@@ -24,6 +25,7 @@ __all__ = [
     "Declined",
     "KernelAdapter",
     "KernelSpec",
+    "KnownFinding",
     "Mask",
     "StreamingPrecision",
 ]
