@@ -21,6 +21,7 @@ if (_CHECKOUT / "pyproject.toml").is_file() and (_CHECKOUT / "reference" / "case
     __path__.append(str(_CHECKOUT))
 
 from attention_crossval.kernel.isolation import Declined  # noqa: E402
+from attention_crossval.kernel.known_findings import KnownFinding  # noqa: E402
 from attention_crossval.kernel.spec import KernelAdapter, KernelSpec  # noqa: E402
 from attention_crossval.reference.case import (  # noqa: E402
     AttentionCase,
@@ -37,6 +38,7 @@ __all__ = [
     "Declined",
     "KernelAdapter",
     "KernelSpec",
+    "KnownFinding",
     "Mask",
     "StreamingPrecision",
 ]

@@ -157,7 +157,7 @@ class CaseReferences:
 
     def bounds(self, precision: StreamingPrecision, tile_n: int) -> tuple[np.ndarray, np.ndarray]:
         """Derived bounds on O ``[B, Sq, Hq, Dv]`` and on the LSE ``[B, Hq, Sq]`` (NaN on rows
-        not evaluated), as shared/notes/numerics.md 4.2 prescribes."""
+        not evaluated), as derived in docs/numerics.md#error-bound."""
         from attention_crossval.reference.bounds import error_bound, lse_error_bound
 
         def compute():

@@ -12,6 +12,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from attention_crossval.kernel.known_findings import KnownFinding
 from attention_crossval.reference.case import (
     INPUT_DTYPES,
     AttentionCase,
@@ -43,6 +44,9 @@ class KernelSpec:
     * ``padded_rows``: query rows past ``q_lengths``: "zero" (written as empty rows) or
       "unwritten" (left as they were). Declared differences are checked and translated by the
       harness, never reported as failures.
+    * ``known_findings``: checks it is known to fail on some cases (:class:`KnownFinding`):
+      such cases stay in scope and are reported as "known" (pytest: xfail), not hidden by a
+      narrower declaration.
     """
 
     name: str
@@ -61,6 +65,7 @@ class KernelSpec:
     deterministic: bool = True
     empty_rows: str = "zero"
     padded_rows: str = "zero"
+    known_findings: tuple[KnownFinding, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -110,6 +115,7 @@ class KernelSpec:
             raise ValueError(f"spec.padded_rows={self.padded_rows!r} must be 'zero' or 'unwritten'")
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"spec.device={self.device!r} must be 'cpu' or 'cuda'")
+        self._validate_known_findings()
 
     def _validate_precision(self) -> None:
         if not isinstance(self.precision, dict):
@@ -119,6 +125,21 @@ class KernelSpec:
                 raise ValueError(
                     f"spec.precision[{dtype!r}]={chain!r}: keys must be input dtypes "
                     f"{sorted(INPUT_DTYPES)} and values StreamingPrecision chains"
+                )
+
+    def _validate_known_findings(self) -> None:
+        known = self.known_findings
+        if not isinstance(known, tuple) or not all(isinstance(k, KnownFinding) for k in known):
+            raise ValueError(
+                f"spec.known_findings={known!r} must be a tuple of KnownFinding "
+                "(kernel.known_findings)"
+            )
+        for index, finding in enumerate(known):
+            if not finding.mask_kinds <= set(self.mask_kinds):
+                raise ValueError(
+                    f"spec.known_findings[{index}].mask_kinds={sorted(finding.mask_kinds)} must "
+                    f"be a subset of spec.mask_kinds={sorted(self.mask_kinds)} (else it never "
+                    "applies)"
                 )
 
     def precision_for(self, dtype: str) -> StreamingPrecision:

@@ -28,17 +28,30 @@ from attention_crossval.properties._strategies.scores import DISTRIBUTIONS, Buil
 from attention_crossval.properties._strategies.shapes import Shape
 from attention_crossval.reference.case import INPUT_DTYPES, AttentionCase, CausalAlignment, Mask
 
-MASK_KINDS = ("none", "causal", "causal-top-left", "window", "varlen", "varlen-causal")
+MASK_KINDS = (
+    "none",
+    "causal",
+    "causal-top-left",
+    "window",
+    "varlen",
+    "varlen-causal",
+    "varlen-window",
+)
+# Recipe fields added after reports existed: left out of fields() while None, so older recipes
+# keep their digest (resume keys) and their inputs (the NumPy seed hashes the recipe).
+_OPTIONAL = ("Dv", "softmax_scale")
 
 
 @dataclass(frozen=True)
 class Config:
     """One attention problem of a report, by recipe rather than by arrays.
 
-    * ``dtype``: input dtype name; ``D`` head dim (Dv = D); ``Sq``/``Sk`` padded lengths;
-      ``B``, ``Hq``, ``Hkv`` batch and heads (Hq a multiple of Hkv: GQA when larger).
+    * ``dtype``: input dtype name; ``D`` head dim of q/k, ``Dv`` of v (None: D); ``Sq``/``Sk``
+      padded lengths; ``B``, ``Hq``, ``Hkv`` batch and heads (Hq a multiple of Hkv: GQA when
+      larger); ``softmax_scale`` (None: ``1/sqrt(D)``).
     * ``mask``: one of :data:`MASK_KINDS`. ``window`` is a causal band of width ``Sk // 4``
-      (bottom-right diagonal); ``varlen*`` gives batch b valid lengths shrinking with b.
+      (bottom-right diagonal); ``varlen*`` gives batch b valid lengths shrinking with b, with
+      the causal mask or that window on top.
     * ``distribution``: a score distribution of ``properties.strategies`` (its builder makes
       the inputs); ``tile_n`` the K block its patterns align to (e.g. ``ramp``: a new max in
       every block); ``noise`` the scale of the non-pattern key coordinates.
@@ -58,6 +71,8 @@ class Config:
     tile_n: int = 128
     noise: float = 0.0
     seed: int = 0
+    Dv: int | None = None
+    softmax_scale: float | None = None
     name: str = ""
 
     def __post_init__(self) -> None:
@@ -68,6 +83,19 @@ class Config:
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"config.{key}={value!r} must be an int >= 1")
+        if self.Dv is not None and (
+            not isinstance(self.Dv, int) or isinstance(self.Dv, bool) or self.Dv < 1
+        ):
+            raise ValueError(f"config.Dv={self.Dv!r} must be None (= D) or an int >= 1")
+        scale = self.softmax_scale
+        if scale is not None and (
+            isinstance(scale, bool)
+            or not isinstance(scale, (int, float))
+            or not (math.isfinite(scale) and scale > 0)
+        ):
+            raise ValueError(
+                f"config.softmax_scale={scale!r} must be None (= 1/sqrt(D)) or a finite number > 0"
+            )
         if self.Hq % self.Hkv:
             raise ValueError(f"config.Hq={self.Hq} must be a multiple of config.Hkv={self.Hkv}")
         if not isinstance(self.mask, str) or self.mask not in MASK_KINDS:
@@ -92,11 +120,15 @@ class Config:
         if not self.name:
             short = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}[self.dtype]
             name = f"{short}-d{self.D}-q{self.Sq}-k{self.Sk}-{self.mask}-{self.distribution}"
+            name += "" if self.Dv is None else f"-dv{self.Dv}"
+            name += "" if self.softmax_scale is None else f"-scale{self.softmax_scale:g}"
             object.__setattr__(self, "name", name if self.seed == 0 else f"{name}-s{self.seed}")
 
     def fields(self) -> dict:
-        """The recipe as plain JSON values (what the report records and config files hold)."""
-        return dataclasses.asdict(self)
+        """The recipe as plain JSON values (what the report records and config files hold);
+        :data:`_OPTIONAL` fields only when set."""
+        fields = dataclasses.asdict(self)
+        return {k: v for k, v in fields.items() if not (k in _OPTIONAL and v is None)}
 
     @property
     def digest(self) -> str:
@@ -111,10 +143,10 @@ class Config:
         mask = _mask(self)
         context = BuildContext(
             rng=rng,
-            shape=Shape(self.B, self.Sq, self.Sk, self.Hq, self.Hkv, self.D, self.D),
+            shape=Shape(self.B, self.Sq, self.Sk, self.Hq, self.Hkv, self.D, self.Dv or self.D),
             dtype=self.dtype,
             mask=mask,
-            softmax_scale=1.0 / math.sqrt(self.D),
+            softmax_scale=self.softmax_scale or 1.0 / math.sqrt(self.D),
             tile_n=self.tile_n,
             noise=self.noise,
         )
@@ -123,7 +155,7 @@ class Config:
                 a.astype(INPUT_DTYPES[self.dtype])
                 for a in DISTRIBUTIONS[self.distribution].build(context)
             )
-        return AttentionCase(q, k, v, mask=mask, label=f"report:{self.name}")
+        return AttentionCase(q, k, v, context.softmax_scale, mask=mask, label=f"report:{self.name}")
 
 
 @dataclass(frozen=True, eq=False)
@@ -146,6 +178,8 @@ class SampledConfig:
             "B": case.B,
             "Hq": case.Hq,
             "Hkv": case.Hkv,
+            "Dv": case.Dv,
+            "softmax_scale": case.softmax_scale,
             "mask": "+".join(sorted(case.mask.kinds)) or "none",
             "distribution": _label_part(case.label, "dist") or self.distribution,
             "seed": None,
@@ -184,14 +218,18 @@ def _mask(config: Config) -> Mask:
         return Mask(causal=True)
     if kind == "causal-top-left":
         return Mask(causal=True, alignment=CausalAlignment.TOP_LEFT)
+    window = {"window_left": max(1, config.Sk // 4), "window_right": 0}
     if kind == "window":
-        return Mask(causal=True, window_left=max(1, config.Sk // 4), window_right=0)
+        return Mask(causal=True, **window)
     # varlen: batch b keeps a shrinking prefix; with B > 1 the last batch has no keys at all
     # (every row empty: O = 0, LSE = -inf) and half its queries.
     last = max(1, config.B - 1)
     q_lengths = tuple(config.Sq - (b * config.Sq) // (2 * last) for b in range(config.B))
     k_lengths = tuple(config.Sk - (b * config.Sk) // last for b in range(config.B))
-    return Mask(causal=kind == "varlen-causal", q_lengths=q_lengths, k_lengths=k_lengths)
+    on_top = {"varlen-causal": {}, "varlen-window": window}.get(kind)
+    return Mask(
+        causal=on_top is not None, q_lengths=q_lengths, k_lengths=k_lengths, **(on_top or {})
+    )
 
 
 def distribution_names() -> list[str]:
@@ -207,23 +245,28 @@ def grid(
     masks: Iterable[str],
     distributions: Iterable[str],
     heads: Iterable[tuple[int, int]] = ((2, 1),),
+    value_dims: Iterable[int | None] = (None,),
     full: bool = False,
 ) -> list[Config]:
     """Configs over dtype x mask x distribution; head dims and (Sq, Sk) pairs either form a full
     product with them (``full``) or rotate through it, so every value appears without the
-    product's size. ``heads`` (Hq, Hkv) pairs rotate too, so kernels without GQA still get
-    configs when an MHA pair is listed. varlen masks get B = 3 (one batch empty), others B = 1."""
-    heads = list(heads)
+    product's size. ``heads`` (Hq, Hkv) pairs and ``value_dims`` (Dv; None = D) rotate too, so
+    kernels without GQA or Dv != D still get configs when an MHA pair or None is listed.
+    varlen masks get B = 3 (one batch empty), others B = 1."""
+    heads, value_dims = list(heads), list(value_dims)
     head_dims, lengths = list(head_dims), list(lengths)
     combos = list(itertools.product(dtypes, masks, distributions))
     shapes = list(itertools.product(head_dims, lengths))
+    # A rotation stride coprime with the shape count visits every shape.
+    stride = next(s for s in itertools.count(7) if math.gcd(s, len(shapes)) == 1)
     configs = []
     for index, (dtype, mask, dist) in enumerate(combos):
-        chosen = shapes if full else [shapes[(index * 7) % len(shapes)]]
+        chosen = shapes if full else [shapes[(index * stride) % len(shapes)]]
         for D, (Sq, Sk) in chosen:
             B = 3 if mask.startswith("varlen") else 1
             Hq, Hkv = heads[index % len(heads)]
-            configs.append(Config(dtype, D, Sq, Sk, B, Hq, Hkv, mask, dist))
+            Dv = value_dims[index // len(heads) % len(value_dims)]
+            configs.append(Config(dtype, D, Sq, Sk, B, Hq, Hkv, mask, dist, Dv=Dv))
     return configs
 
 
@@ -240,13 +283,18 @@ PRESETS: dict[str, Callable[[], list[Config]]] = {
         masks=["none", "causal"],
         distributions=["gaussian"],
     ),
-    # CPU default: ~1 minute on 2 cores with the NumPy streaming tier as the kernel.
+    # CPU default: under a minute of CPU on 2 cores with the NumPy streaming tier as the
+    # kernel. It reaches the bug classes of the property suite: GQA with 1 < Hkv < Hq, Dv != D,
+    # key lengths below 64, scores beyond the fp16 range (huge), varlen under causal and window
+    # masks with q and k lengths that differ (properties/test_report_grid.py).
     "default": lambda: grid(
         dtypes=["bfloat16", "float16"],
         head_dims=[64, 128],
-        lengths=[(128, 128), (100, 300), (1, 257), (200, 129), (64, 512)],
-        masks=["none", "causal", "window", "varlen"],
-        distributions=_CPU_DISTS,
+        lengths=[(128, 128), (100, 300), (1, 257), (200, 129), (64, 512), (50, 37), (16, 48)],
+        masks=["none", "causal", "window", "varlen", "varlen-causal", "varlen-window"],
+        distributions=(*_CPU_DISTS, "huge"),
+        heads=[(2, 1), (4, 2)],
+        value_dims=[None, 32],
     ),
     "gpu-small": lambda: grid(
         dtypes=["bfloat16", "float16"],

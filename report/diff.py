@@ -17,7 +17,7 @@ from attention_crossval.report.records import as_float
 from attention_crossval.report.schema import SCHEMA_PATH, _errors, load_schema
 from attention_crossval.report.session import read_report
 
-_RANK = {"pass": 0, "unsupported": 0, "fail": 1, "error": 2}
+_RANK = {"pass": 0, "known": 0, "unsupported": 0, "fail": 1, "error": 2}
 
 
 def load_records(path: str | Path) -> list[dict]:

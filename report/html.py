@@ -13,9 +13,11 @@ import html
 from attention_crossval.report import plots
 from attention_crossval.report.markdown import (
     COLUMNS,
+    KNOWN_COLUMNS,
     LEGEND,
     PAIR_COLUMNS,
     header_lines,
+    known_rows,
     pair_rows,
     row_cells,
 )
@@ -27,6 +29,7 @@ th, td { border: 1px solid #ccc; padding: 2px 6px; text-align: right; white-spac
 td:nth-child(-n+2) { text-align: left; }
 tr.pass td:nth-child(3) { background: #d9f2d9; }
 tr.fail td:nth-child(3), tr.error td:nth-child(3) { background: #f7c6c6; font-weight: bold; }
+tr.known td:nth-child(3) { background: #fbe8b4; }
 tr.unsupported td { color: #888; }
 img.plot { max-width: 100%; border: 1px solid #eee; margin: 0.5em 0; }
 p.note { font-size: 12px; max-width: 60em; }
@@ -92,6 +95,8 @@ def render_html(report: dict) -> str:
     header = "".join(f"<li>{html.escape(line)}</li>" for line in header_lines(report))
     summary = _table(COLUMNS, [row_cells(r) for r in records], [r["verdict"] for r in records])
     pairs = _table(PAIR_COLUMNS, [row for r in records for row in pair_rows(r)])
+    known = known_rows(records)
+    known_section = f"<h2>Known findings</h2>{_table(KNOWN_COLUMNS, known)}" if known else ""
     return (
         "<!DOCTYPE html><html><head><meta charset='utf-8'>"
         "<title>Attention kernel error report</title>"
@@ -99,7 +104,7 @@ def render_html(report: dict) -> str:
         "<h1>Attention kernel error report</h1>"
         f"<ul>{header}</ul>"
         + "".join(figures(records))
-        + f"<h2>Results</h2>{summary}<p class='note'>{html.escape(LEGEND)}</p>"
+        + f"<h2>Results</h2>{summary}<p class='note'>{html.escape(LEGEND)}</p>{known_section}"
         f"<details><summary>Every tier pair in full</summary>{pairs}</details>"
         "</body></html>"
     )

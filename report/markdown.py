@@ -30,11 +30,13 @@ COLUMNS = (
 LEGEND = """\
 Columns refer to the primary pair (kernel vs exact; kernel vs streaming when the exact tier was
 not run). Ulps are units of the output dtype at the correctly rounded exact value; err/bound is
-the largest |error| / derived bound (shared/notes/numerics.md 4.2), <= 1 passes. The worst
+the largest |error| / derived bound (docs/numerics.md#error-bound), <= 1 passes. The worst
 element's row is described by its largest scaled score (row max) and the running-max rescales
 the streaming tier made on it with the kernel's tile size. Triage: kernel off from both
 references -> kernel bug; streaming off from exact -> algorithm or precision chain; all within
--> the error is what the precision chain costs. k/s uses twice the bound (both sides err)."""
+-> the error is what the precision chain costs. k/s uses twice the bound (both sides err).
+Verdict known: every failed check is a declared known finding of the kernel (listed below the
+table, with its reason and upstream link) and every tier pair passes."""
 
 
 def fmt(value, digits: int = 3) -> str:
@@ -66,7 +68,10 @@ def row_cells(record: dict) -> list[str]:
     )
     worst_at = f"({worst['row']}, {worst['col']})" if worst else "-"
     verdict = record["verdict"].upper() if record["verdict"] == "fail" else record["verdict"]
-    checks = sorted({f["check"] for f in record.get("findings", [])})
+    mark = "" if record["verdict"] == "known" else " (known)"  # a fail's known findings
+    checks = sorted(
+        {f["check"] + (mark if f.get("known") else "") for f in record.get("findings", [])}
+    )
     return [
         config,
         kernel,
@@ -128,6 +133,20 @@ def pair_rows(record: dict) -> list[list[str]]:
     return rows
 
 
+KNOWN_COLUMNS = ("kernel", "check", "when", "reason", "link", "records")
+
+
+def known_rows(records: list[dict]) -> list[list[str]]:
+    """One row per (kernel, declared known finding) that covered a finding, with its count of
+    records (known or not: a record may also fail for another reason)."""
+    counts: dict[tuple[str, ...], int] = {}
+    for record in records:
+        for known in record.get("known_findings", []):
+            key = (record["kernel"]["name"], *(known[f] for f in KNOWN_COLUMNS[1:-1]))
+            counts[key] = counts.get(key, 0) + 1
+    return [[*key, str(count)] for key, count in counts.items()]
+
+
 def header_lines(report: dict) -> list[str]:
     """Provenance and totals, one fact per line."""
     machine, options = report["machine"], report["options"]
@@ -150,4 +169,10 @@ def render_markdown(report: dict) -> str:
     lines += ["", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(row_cells(r)) + " |" for r in report["records"]]
     lines += ["", LEGEND, ""]
+    known = known_rows(report["records"])
+    if known:
+        lines += ["## Known findings", ""]
+        lines += ["| " + " | ".join(KNOWN_COLUMNS) + " |", "|" + "---|" * len(KNOWN_COLUMNS)]
+        lines += ["| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in known]
+        lines += [""]
     return "\n".join(lines)

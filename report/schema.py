@@ -12,7 +12,7 @@ import re
 from functools import cache
 from pathlib import Path
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"
 SCHEMA_PATH = Path(__file__).with_name("schema.json")
 
 _TYPES = {

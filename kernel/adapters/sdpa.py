@@ -4,18 +4,22 @@ Conventions, declared rather than failed on:
 
 * ``is_causal`` is top-left (key j visible iff j <= i), so ``causal_alignment=TOP_LEFT``; the
   framework only gives bottom-right causal cases where both diagonals agree (Sq == Sk).
-* Windows and explicit masks go in as a boolean ``attn_mask`` built from
-  :func:`reference.masks.visible_all`, on the backends that take a mask (math, efficient).
+* Windows, explicit masks and varlen go in as a boolean ``attn_mask`` built from
+  :func:`reference.masks.visible_all`, on the backends that take a mask (math, efficient,
+  cuDNN). SDPA has no per-batch lengths, so varlen is only that mask.
 * SDPA returns no LSE through its public API, so ``returns_lse=False``.
 * Measured on torch 2.11 / H200 (2026-11-29): the flash backend refuses ``is_causal`` when
   Sq != Sk and takes no mask, so it declares no mask kinds; the efficient backend has no GQA;
-  cuDNN refuses Sk == 1 and gives neither 0 nor NaN for an all-masked row of a boolean mask, so
-  it declares causal only. A backend's "No available kernel" is raised as
+  cuDNN refuses Sk == 1. A backend's "No available kernel" is raised as
   :class:`kernel.harness.Declined` (the case is skipped with torch's reasons, and counted).
-* Varlen/padding is not declared: SDPA has no per-batch lengths, only masks, and a mask does not
-  stop the dense backends from reading the padded keys.
+* Known findings (``KernelSpec.known_findings``), kept in scope rather than declared away.
+  Measured on torch 2.11 / H200 (2026-12-01), bf16 and fp16: math, efficient and cuDNN let NaN
+  in masked-out K/V reach every row of the batch (a mask adds -inf to a NaN score, which stays
+  NaN; 1e4 there is harmless), so varlen padding is read (``padding-read``); cuDNN gives a
+  nonzero output (up to 0.5) for a row that a boolean mask hides entirely, where math and
+  efficient give 0 (``empty-rows``).
 * Outputs cannot be preallocated (no ``out=``), so the NaN-prefill and output guard-band checks
-  do not apply; poisoned input guard bands, determinism and finiteness do.
+  do not apply; NaN padding, poisoned input guard bands, determinism and finiteness do.
 """
 
 from __future__ import annotations
@@ -26,13 +30,30 @@ from typing import Any, NamedTuple
 
 from attention_crossval.kernel.adapters import _torch
 from attention_crossval.kernel.harness import Declined
+from attention_crossval.kernel.known_findings import KnownFinding
 from attention_crossval.kernel.spec import KernelSpec
 from attention_crossval.reference.case import AttentionCase, AttentionResult, CausalAlignment
 from attention_crossval.reference.precision import StreamingPrecision
 
 _FLOATS = frozenset({"float16", "bfloat16", "float32"})
 _HALVES = frozenset({"float16", "bfloat16"})
-_MASKS = frozenset({"causal", "window", "explicit"})
+_MASKS = frozenset({"causal", "window", "explicit", "varlen"})
+_PYTORCH = "https://github.com/pytorch/pytorch"
+_NAN_THROUGH_MASK = KnownFinding(
+    check="padding-read",
+    mask_kinds=frozenset({"varlen"}),
+    reason="NaN in masked-out K/V padding reaches every row that shares the batch: the mask "
+    "adds -inf to a NaN score, which stays NaN (large finite padding is harmless). Not yet "
+    "reported upstream.",
+    link=_PYTORCH,
+)
+_CUDNN_EMPTY_ROWS = KnownFinding(
+    check="empty-rows",
+    mask_kinds=frozenset({"explicit", "window", "varlen"}),
+    reason="a query row that the boolean mask hides entirely gets a nonzero output (neither "
+    "O = 0 nor NaN; up to 0.5 on N(0,1) inputs). Not yet reported upstream.",
+    link=_PYTORCH,
+)
 
 
 class _Backend(NamedTuple):
@@ -43,6 +64,7 @@ class _Backend(NamedTuple):
     tile_m: int
     tile_n: int
     fp32_p: bool  # P kept in fp32 (math upcasts); else FlashAttention's chain
+    known: tuple[KnownFinding, ...]
 
 
 # torch warns about every backend it skipped; only the chosen backend's reasons explain a refusal.
@@ -56,10 +78,21 @@ _NOISE = (
 )
 
 _BACKENDS = {
-    "math": _Backend("MATH", _FLOATS, _MASKS, True, 128, 128, True),
-    "flash": _Backend("FLASH_ATTENTION", _HALVES, frozenset(), True, 128, 64, False),
-    "efficient": _Backend("EFFICIENT_ATTENTION", _FLOATS, _MASKS, False, 64, 64, False),
-    "cudnn": _Backend("CUDNN_ATTENTION", _HALVES, frozenset({"causal"}), True, 128, 128, False),
+    "math": _Backend("MATH", _FLOATS, _MASKS, True, 128, 128, True, (_NAN_THROUGH_MASK,)),
+    "flash": _Backend("FLASH_ATTENTION", _HALVES, frozenset(), True, 128, 64, False, ()),
+    "efficient": _Backend(
+        "EFFICIENT_ATTENTION", _FLOATS, _MASKS, False, 64, 64, False, (_NAN_THROUGH_MASK,)
+    ),
+    "cudnn": _Backend(
+        "CUDNN_ATTENTION",
+        _HALVES,
+        _MASKS,
+        True,
+        128,
+        128,
+        False,
+        (_CUDNN_EMPTY_ROWS, _NAN_THROUGH_MASK),
+    ),
 }
 
 
@@ -74,7 +107,7 @@ class SdpaAdapter:
 
     backend: str
     spec: KernelSpec
-    checks: frozenset[str] = frozenset({"determinism", "nonfinite"})
+    checks: frozenset[str] = frozenset({"padding-read", "determinism", "nonfinite"})
 
     @classmethod
     def create(cls, backend: str) -> SdpaAdapter:
@@ -94,6 +127,7 @@ class SdpaAdapter:
             precision=precision,
             returns_lse=False,
             deterministic=True,
+            known_findings=info.known,
         )
         return cls(backend, spec)
 

@@ -20,6 +20,7 @@ def _spec() -> KernelSpec:
         name="streaming-fa",
         dtypes=frozenset({"float16", "bfloat16", "float32"}),
         head_dims=frozenset({16, 32, 64, 128}),
+        head_dims_v=frozenset({16, 32, 64, 128}),
         mask_kinds=frozenset({"causal", "window", "varlen", "explicit"}),
         causal_alignment=CausalAlignment.BOTTOM_RIGHT,
         gqa=True,

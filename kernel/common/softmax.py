@@ -11,7 +11,8 @@ with ``scale_log2 = log2(e) * softmax_scale`` folded into one constant. A row th
 visible key keeps ``m = -inf``; the max is then read as 0 so that ``p = alpha = 0`` instead of
 ``exp2(-inf + inf) = NaN``. :meth:`OnlineSoftmax.finalize` returns ``1 / l`` (0 for an empty
 row, so ``O = 0``; a NaN sum stays NaN) and ``LSE = (m * scale_log2 + log2(l)) * ln 2`` (natural
-log; ``-inf`` when ``l = 0``), the project's conventions (reference/masks.py, numerics.md).
+log; ``-inf`` when ``l = 0``), the project's conventions (reference/masks.py,
+docs/design.md#empty-rows).
 
 Each row's values are spread over ``threads_per_row`` lanes of a warp (4 for the SM90 WGMMA and
 SM80 mma accumulators, 1 for a thread-per-row SM100 softmax); the row max is all-reduced across

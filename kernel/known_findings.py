@@ -1,0 +1,175 @@
+"""Declared known findings: a kernel's real divergences, kept visible instead of declared away.
+
+Narrowing a declaration (say, no varlen) hides a divergence from every report. A
+:class:`KnownFinding` in ``KernelSpec.known_findings`` keeps the cases in scope instead: when
+every failed check of a case is covered by a known finding that applies to it, the report calls
+the record ``known`` (with the reason and link) and pytest calls it xfail
+(:func:`xfail_if_known`; a property test rejects the example); any other failure still fails.
+The strict-xfail test per known finding (properties/test_known_strict.py) turns an upstream fix
+into a failure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from attention_crossval.kernel.verdict import CHECKS, Finding, Verdict
+from attention_crossval.reference.case import INPUT_DTYPES, AttentionCase, Mask
+
+if TYPE_CHECKING:
+    from attention_crossval.kernel.spec import KernelAdapter, KernelSpec
+
+# The check whose trigger the harness plants itself (NaN in padding): a known one says nothing
+# about the other checks, so they are run again with zero padding (:func:`run_with_known`).
+_PLANTED = "padding-read"
+
+
+@dataclass(frozen=True)
+class KnownFinding:
+    """A check the kernel is known to fail on some cases, and why.
+
+    * ``check``: the harness check it fails (one of ``kernel.verdict.CHECKS``).
+    * ``mask_kinds``: it applies to cases whose mask uses any of these kinds (a subset of the
+      spec's ``mask_kinds``); empty: to every case.
+    * ``reason``: what the kernel does, in one or two sentences.
+    * ``link``: the upstream issue, or the upstream repository when not yet reported (then the
+      reason says so).
+    """
+
+    check: str
+    mask_kinds: frozenset[str]
+    reason: str
+    link: str
+
+    def __post_init__(self) -> None:
+        if self.check not in CHECKS:
+            raise ValueError(f"known_finding.check={self.check!r} must be one of {list(CHECKS)}")
+        kinds = self.mask_kinds
+        if not isinstance(kinds, (frozenset, set, tuple, list)) or not all(
+            isinstance(kind, str) for kind in kinds
+        ):
+            raise ValueError(f"known_finding.mask_kinds={kinds!r} must be a set of mask kind names")
+        object.__setattr__(self, "mask_kinds", frozenset(kinds))
+        if not isinstance(self.reason, str) or not self.reason.strip():
+            raise ValueError(f"known_finding.reason={self.reason!r} must be a non-empty str")
+        if not isinstance(self.link, str) or not self.link.startswith("https://"):
+            raise ValueError(f"known_finding.link={self.link!r} must be an https:// URL")
+
+    def applies(self, case: AttentionCase) -> bool:
+        return not self.mask_kinds or bool(self.mask_kinds & case.mask.kinds)
+
+    @property
+    def when(self) -> str:
+        """The cases it applies to, in words."""
+        if not self.mask_kinds:
+            return "every case"
+        return f"{' or '.join(sorted(self.mask_kinds))} masks"
+
+    def __str__(self) -> str:
+        return f"known {self.check} with {self.when}: {self.reason} ({self.link})"
+
+    def to_dict(self) -> dict[str, str]:
+        return {"check": self.check, "when": self.when, "reason": self.reason, "link": self.link}
+
+
+def covering(
+    spec: KernelSpec, case: AttentionCase, findings: Iterable[Finding]
+) -> tuple[KnownFinding, ...]:
+    """The known findings of ``spec`` covering every one of ``findings`` on ``case``, in
+    declaration order; empty when there is no finding or one is not covered."""
+    applicable = [known for known in spec.known_findings if known.applies(case)]
+    checks = {finding.check for finding in findings}
+    covered = {known.check for known in applicable}
+    if not checks or not checks <= covered:
+        return ()
+    return tuple(known for known in applicable if known.check in checks)
+
+
+@dataclass(frozen=True)
+class _Without:
+    """``adapter`` with some of its cooperative ``checks`` left out (every call delegated)."""
+
+    adapter: Any
+    checks: frozenset[str]
+
+    @property
+    def spec(self) -> KernelSpec:
+        return self.adapter.spec
+
+    def __call__(self, case: AttentionCase) -> Any:
+        return self.adapter(case)
+
+    def __getattr__(self, name: str) -> Any:  # run_guarded, when the adapter has it
+        return getattr(self.adapter, name)
+
+
+def run_with_known(adapter: KernelAdapter, case: AttentionCase, **kwargs: Any) -> Verdict:
+    """``kernel.harness.run_case``; when every finding is known and one is ``padding-read``,
+    the case runs again with zero padding and without that check, so the checks it blocked
+    (``bound``, ``lse``, empty rows) still apply. The known findings stay in the verdict."""
+    # Imported here: the harness imports kernel.spec, which imports this module.
+    from attention_crossval.kernel.harness import applied_checks, fill_padding, run_case
+
+    verdict = run_case(adapter, case, **kwargs)
+    known = covering(adapter.spec, case, verdict.findings)
+    if not any(k.check == _PLANTED for k in known):
+        return verdict
+    rest = _Without(adapter, applied_checks(adapter) - {_PLANTED})
+    again = run_case(rest, fill_padding(case, 0.0), **kwargs)
+    planted = tuple(f for f in verdict.findings if f.check == _PLANTED)
+    return replace(
+        again,
+        case=verdict.case,
+        findings=planted + again.findings,
+        applied=verdict.applied | again.applied,
+        seconds=verdict.seconds + again.seconds,
+    )
+
+
+def xfail_if_known(verdict: Verdict, spec: KernelSpec, case: AttentionCase) -> None:
+    """When every failed check of ``verdict`` is a known finding of ``spec`` on ``case``:
+    ``pytest.xfail`` with the reasons; inside a Hypothesis test, the example is rejected instead
+    (with a Hypothesis event naming the finding), because an xfail there ends the search and
+    hides the kernel's other bugs. Otherwise return (the caller raises the failures)."""
+    known = covering(spec, case, verdict.findings)
+    if not known:
+        return
+    reason = "; ".join(str(k) for k in known)
+    from hypothesis import control, event, reject
+
+    if control.currently_in_test_context():
+        event(f"known: {', '.join(k.check for k in known)}")
+        reject()
+    import pytest
+
+    pytest.xfail(reason)
+
+
+def trigger_case(spec: KernelSpec, known: KnownFinding) -> AttentionCase:
+    """A small deterministic case inside ``spec`` on which ``known`` shows, for the strict-xfail
+    test: ``padding-read``: two batches of ``2 * tile_n`` keys, valid lengths ending mid-tile
+    (the harness plants NaN past them); ``empty-rows``: an explicit mask hiding whole rows.
+    ValueError for another check or mask kind (write its trigger here)."""
+    rng = np.random.default_rng(0)
+    dtype = next(d for d in ("bfloat16", "float16", "float32") if d in spec.dtypes)
+    D = min(spec.head_dims)
+    Sk = 2 * spec.tile_n
+    if known.check == "padding-read" and "varlen" in known.mask_kinds:
+        B, Sq, mask = 2, spec.tile_m, Mask(k_lengths=(Sk - spec.tile_n // 2, spec.tile_n // 2))
+    elif known.check == "empty-rows" and "explicit" in known.mask_kinds:
+        B, Sq = 1, spec.tile_m
+        explicit = rng.random((1, 1, Sq, Sk)) < 0.5
+        explicit[..., : Sq // 4, :] = False  # the first quarter of the rows sees no key
+        mask = Mask(explicit=explicit)
+    else:
+        raise ValueError(
+            f"no trigger case for a known {known.check!r} with {known.when}: add one to "
+            "kernel.known_findings.trigger_case"
+        )
+    q, k, v = (rng.standard_normal((B, S, 2, D)) for S in (Sq, Sk, Sk))
+    arrays = (a.astype(INPUT_DTYPES[dtype]) for a in (q, k, v))
+    return AttentionCase(*arrays, mask=mask, label=f"trigger:{known.check}")

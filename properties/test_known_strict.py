@@ -1,0 +1,46 @@
+"""The strict-xfail test per declared known finding (kernel/known_findings.py) of each kernel under
+test (``--kernel``; by default the GPU built-ins, and the CPU divergent adapters of
+kernel/broken/cpu_known.py). It asserts the known check passes on the finding's trigger case, so
+it xfails while the divergence lasts and an upstream fix fails it (XPASS strict). Each test is
+marked cpu or gpu by its kernel's device.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from attention_crossval.kernel.harness import CheckFailed, IsolatedKernel, run_case
+from attention_crossval.kernel.known_findings import trigger_case
+from attention_crossval.kernel.registry import GPU_BUILTIN, resolve
+
+CPU_KNOWN = "attention_crossval.kernel.broken.cpu_known"
+DEFAULT_KERNELS = (*GPU_BUILTIN, f"{CPU_KNOWN}:hidden_rows", f"{CPU_KNOWN}:reads_padding")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "known_kernel" not in metafunc.fixturenames:
+        return
+    params = []
+    for name in metafunc.config.getoption("--kernel") or DEFAULT_KERNELS:
+        spec = resolve(name).spec
+        device = pytest.mark.gpu if spec.device == "cuda" else pytest.mark.cpu
+        for index, known in enumerate(spec.known_findings):
+            expected = pytest.mark.xfail(strict=True, raises=CheckFailed, reason=str(known))
+            marks = [pytest.mark.kernel, device, expected]
+            params.append(pytest.param(name, index, marks=marks, id=f"{spec.name}-{known.check}"))
+    metafunc.parametrize(("known_kernel", "known_index"), params)
+
+
+def test_known_finding_still_reproduces(known_kernel: str, known_index: int) -> None:
+    """The known check passes on its trigger case: false (xfail) until the kernel is fixed."""
+    adapter = resolve(known_kernel)
+    known = adapter.spec.known_findings[known_index]
+    isolated = IsolatedKernel(known_kernel) if adapter.spec.device == "cuda" else None
+    try:
+        verdict = run_case(adapter, trigger_case(adapter.spec, known), isolated=isolated)
+    finally:
+        if isolated is not None:
+            isolated.close()
+    if verdict.skipped is not None:
+        pytest.skip(f"trigger case skipped: {verdict.skipped}")
+    verdict.raise_for(known.check)
