@@ -31,6 +31,7 @@ import numpy as np
 from attention_crossval.kernel.spec import KernelAdapter, KernelSpec
 from attention_crossval.reference.case import AttentionCase, AttentionResult
 
+MAX_TIMEOUT_S = 86_400.0  # one day: longer waits overflow the pipe's poll
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _PARENT_POLL_S = 1.0
 # Error messages after which a worker is replaced: its CUDA context or heap may be corrupt.
@@ -172,8 +173,11 @@ class IsolatedKernel:
         factory_path(self.kernel)  # a malformed name is refused before any process starts
         for name in ("timeout_s", "start_timeout_s"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ValueError(f"{name}={value!r} must be a number of seconds > 0")
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if not number or not 0 < value <= MAX_TIMEOUT_S:
+                raise ValueError(
+                    f"{name}={value!r} must be a number of seconds > 0 and <= {MAX_TIMEOUT_S:g}"
+                )
 
     @property
     def spec(self) -> KernelSpec:

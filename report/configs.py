@@ -26,7 +26,13 @@ import numpy as np
 # the pytest coverage plugin, and the report must run where pytest is not installed.
 from attention_crossval.properties._strategies.scores import DISTRIBUTIONS, BuildContext
 from attention_crossval.properties._strategies.shapes import Shape
-from attention_crossval.reference.case import INPUT_DTYPES, AttentionCase, CausalAlignment, Mask
+from attention_crossval.reference.case import (
+    INPUT_DTYPES,
+    AttentionCase,
+    CausalAlignment,
+    Mask,
+    check_element_budget,
+)
 
 MASK_KINDS = ("none", "causal", "causal-top-left", "window", "varlen", "varlen-causal")
 
@@ -70,6 +76,8 @@ class Config:
                 raise ValueError(f"config.{key}={value!r} must be an int >= 1")
         if self.Hq % self.Hkv:
             raise ValueError(f"config.Hq={self.Hq} must be a multiple of config.Hkv={self.Hkv}")
+        q, kv = (self.B, self.Sq, self.Hq, self.D), (self.B, self.Sk, self.Hkv, self.D)
+        check_element_budget("config: ", {"q": q, "k": kv, "v": kv, "o": q})
         if not isinstance(self.mask, str) or self.mask not in MASK_KINDS:
             raise ValueError(f"config.mask={self.mask!r} must be one of {list(MASK_KINDS)}")
         if not isinstance(self.distribution, str) or self.distribution not in DISTRIBUTIONS:

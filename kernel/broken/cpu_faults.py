@@ -71,9 +71,9 @@ class FaultyAdapter:
             noise = np.random.default_rng().integers(0, 2, result.o.shape) * np.spacing(result.o)
             noise[result.o == 0] = 0.0
             return AttentionResult(o=result.o + noise, lse=result.lse)
-        if self.fault == "writes_inputs":
-            case.q.setflags(write=True)  # the harness hands read-only arrays in process
-            np.negative(case.q, out=case.q)
+        if self.fault == "writes_inputs":  # through the raw pointer, as a native kernel would
+            negated = np.ascontiguousarray(-case.q)
+            ctypes.memmove(case.q.ctypes.data, negated.ctypes.data, negated.nbytes)
         if self.fault == "wrong_shape":
             return AttentionResult(o=np.concatenate([result.o, result.o], axis=-1), lse=result.lse)
         return result
