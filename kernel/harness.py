@@ -27,6 +27,7 @@ translated to the project convention, and listed in ``Verdict.declared``, never 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 from dataclasses import dataclass
@@ -133,7 +134,9 @@ def run_case(
     def call(which: AttentionCase, prefill: str) -> Run:
         if isolated is not None:
             return isolated.call(which, prefill)
-        return execute(adapter, which, prefill)
+        # a private copy per call, as a worker gets: a kernel writing its inputs cannot change
+        # the caller's case (the references are computed from it) or the next run's
+        return execute(adapter, dataclasses.replace(which), prefill)
 
     try:
         runs = [call(poisoned, "nan" if i == 0 else "zero") for i in range(repeats)]

@@ -1,6 +1,6 @@
 """CPU kernels with one deliberate fault each, to test the harness without a GPU.
 
-Faults in the call (:class:`FaultyAdapter`): ``hang``, ``exit`` (``os._exit``, as a CUDA fault
+Faults in the call (:class:`FaultyAdapter`): ``hang``, ``spin`` (busy), ``exit`` (``os._exit``, as a CUDA fault
 kills a process), ``sys_exit`` (``sys.exit(0)``), ``segfault``, ``raises``, ``memory``
 (``MemoryError``), ``flaky`` (nondeterministic), ``writes_inputs`` (negates q in place),
 ``wrong_shape`` (O with twice the Dv). Faults in the factory: ``factory_hangs``,
@@ -16,6 +16,7 @@ import ctypes
 import os
 import sys
 import time
+from pathlib import Path
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -56,6 +57,11 @@ class FaultyAdapter:
     def __call__(self, case: AttentionCase) -> AttentionResult:
         if self.fault == "hang":
             time.sleep(3600)
+        if self.fault == "spin":  # a busy hang at 100% CPU; touches $CPU_FAULTS_MARKER first
+            if os.environ.get("CPU_FAULTS_MARKER"):
+                Path(os.environ["CPU_FAULTS_MARKER"]).touch()
+            while True:
+                pass
         if self.fault == "exit":
             os._exit(3)
         if self.fault == "sys_exit":
@@ -151,6 +157,10 @@ def writes_inputs() -> FaultyAdapter:
 
 def wrong_shape() -> FaultyAdapter:
     return FaultyAdapter("wrong_shape")
+
+
+def spin() -> FaultyAdapter:
+    return FaultyAdapter("spin")
 
 
 def factory_hangs() -> FaultyAdapter:
