@@ -60,7 +60,7 @@ class ExactCache:
         path = None if self.directory is None else self.directory / f"{hasher.hexdigest()[:32]}.npz"
         if path is not None and path.exists():
             try:
-                with np.load(path) as data:
+                with path.open("rb") as stream, np.load(stream) as data:  # closed on errors
                     fields = {name: data[name] for name in data.files}
                 fields["prec_bits"] = int(fields["prec_bits"])
                 self.hits += 1

@@ -289,8 +289,8 @@ def load_config_file(path: str | Path) -> list[Config]:
     try:
         text = path.read_text()
         data = tomllib.loads(text) if kind == "TOML" else json.loads(text)
-    except ValueError as error:  # JSONDecodeError, TOMLDecodeError (line, column), UnicodeError
-        raise ValueError(f"config file {path} is not valid {kind}: {error}") from None
+    except (ValueError, RecursionError) as error:  # JSON/TOML errors (line, column), Unicode,
+        raise ValueError(f"config file {path} is not valid {kind}: {error}") from None  # nesting
     entries = data.get("config") if isinstance(data, dict) else data
     if not isinstance(entries, list) or not entries:
         raise ValueError(f"config file {path} must hold a non-empty list of configs")
