@@ -18,6 +18,7 @@ import ctypes
 import dataclasses
 import multiprocessing
 import os
+import reprlib
 import signal
 import sys
 import threading
@@ -176,7 +177,8 @@ class IsolatedKernel:
             number = isinstance(value, (int, float)) and not isinstance(value, bool)
             if not number or not 0 < value <= MAX_TIMEOUT_S:
                 raise ValueError(
-                    f"{name}={value!r} must be a number of seconds > 0 and <= {MAX_TIMEOUT_S:g}"
+                    f"{name}={reprlib.repr(value)} must be a number of seconds > 0 and "
+                    f"<= {MAX_TIMEOUT_S:g}"
                 )
 
     @property

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import reprlib
 
 from attention_crossval.kernel.spec import KernelAdapter, KernelSpec
 
@@ -49,7 +50,7 @@ def factory_path(name_or_path: str) -> str:
     'attention_crossval.kernel.adapters.streaming:create'
     """
     if not isinstance(name_or_path, str):
-        raise ValueError(f"kernel={name_or_path!r} must be a str")
+        raise ValueError(f"kernel={reprlib.repr(name_or_path)} must be a str")
     path = BUILTIN[name_or_path][0] if name_or_path in BUILTIN else name_or_path
     module_name, colon, attr = path.partition(":")
     if not (colon and module_name and attr):

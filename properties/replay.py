@@ -117,7 +117,8 @@ def load_case(path: Path) -> AttentionCase:
     if not path.is_file():
         raise ValueError(f"{path} must be an existing .npz file written by AttentionCase.save")
     try:
-        return AttentionCase.load(path)
+        with path.open("rb") as stream:  # closed here when np.load fails half-way
+            return AttentionCase.load(stream)
     except _NOT_A_CASE as error:
         reason = str(error).splitlines()[0] if str(error) else ""
         raise ValueError(

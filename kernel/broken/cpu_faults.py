@@ -1,13 +1,13 @@
 """CPU kernels with one deliberate fault each, to test the harness without a GPU.
 
-Faults in the call (:class:`FaultyAdapter`): ``hang``, ``spin`` (busy), ``exit`` (``os._exit``, as a CUDA fault
-kills a process), ``sys_exit`` (``sys.exit(0)``), ``segfault``, ``raises``, ``memory``
-(``MemoryError``), ``flaky`` (nondeterministic), ``writes_inputs`` (negates q in place),
-``wrong_shape`` (O with twice the Dv). Faults in the factory: ``factory_hangs``,
-``factory_segfaults``, ``factory_exits``, ``factory_raises``, ``bad_spec`` (a ``spec`` that is
-not a KernelSpec); ``kernel.broken.fails_at_import`` fails when imported. And a NumPy "kernel"
-with guard-banded output buffers whose variants mirror the Triton ones (``skip_last_row``,
-``oob_write``, ``read_padding``, ``empty_nan``).
+Faults in the call (:class:`FaultyAdapter`): ``hang``, ``spin`` (a busy hang), ``exit``
+(``os._exit``, as a CUDA fault kills a process), ``sys_exit`` (``sys.exit(0)``), ``segfault``,
+``raises``, ``memory`` (``MemoryError``), ``flaky`` (nondeterministic), ``writes_inputs``
+(negates q in place), ``wrong_shape`` (O with twice the Dv). Faults in the factory:
+``factory_hangs``, ``factory_segfaults``, ``factory_exits``, ``factory_raises``, ``bad_spec`` (a
+``spec`` that is not a KernelSpec); ``kernel.broken.fails_at_import`` fails when imported. And a
+NumPy "kernel" with guard-banded output buffers whose variants mirror the Triton ones
+(``skip_last_row``, ``oob_write``, ``read_padding``, ``empty_nan``).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import ctypes
 import os
 import sys
 import time
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
