@@ -301,25 +301,22 @@ def run_main(argv: Sequence[str]) -> int:
             print(f"{name:10} {len(preset(name)):4} configs")
         return 0
     from attention_crossval.report.session import output_lock
+    from attention_crossval.report.shard import parse_gpus
 
+    gpus = None if args.gpus is None else parse_gpus(args.gpus)  # refused before --out is touched
     with output_lock(args.out):
-        return _run_locked(args, argv)
+        return _run_locked(args, argv, gpus)
 
 
-def _run_locked(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    """The run, holding the lock on ``--out``."""
+def _run_locked(args: argparse.Namespace, argv: Sequence[str], gpus: list[str] | None) -> int:
+    """The run, holding the lock on ``--out``; ``gpus``: one shard per GPU (``--gpus``)."""
     from attention_crossval.report.session import (
         clear_outputs,
         close_kernels,
         resolve_kernels,
         run_report,
     )
-    from attention_crossval.report.shard import (
-        parse_gpus,
-        run_on_gpus,
-        shard_configs,
-        shard_provenance,
-    )
+    from attention_crossval.report.shard import run_on_gpus, shard_configs, shard_provenance
 
     options = RunOptions(
         tiers=tuple(dict.fromkeys(args.tier)) or TIERS,  # --tier exact twice: one exact tier
@@ -341,9 +338,9 @@ def _run_locked(args: argparse.Namespace, argv: Sequence[str]) -> int:
         close_kernels(kernels)
         raise
     provenance = None
-    if args.gpus is not None:
+    if gpus is not None:
         close_kernels(kernels)  # the shards run their own
-        report = run_on_gpus(argv, parse_gpus(args.gpus), args.out, html=not args.no_html)
+        report = run_on_gpus(argv, gpus, args.out, html=not args.no_html)
         return _summary_line(report, args.out, args.strict)
     if args.shard is not None:
         index, count = args.shard
