@@ -320,6 +320,46 @@ def test_corrupted_cache_entry_is_a_miss_and_fresh_clears_the_cache(tmp_path):
     assert json.loads((tmp_path / "report.json").read_text())["exact_cache"]["misses"] == 1
 
 
+def test_two_cache_writers_of_one_key_both_succeed(tmp_path, monkeypatch):
+    """Regression: every writer used one temporary name, so of two runs writing one entry the
+    second's os.replace found its file gone (or wrote into the first's final file)."""
+    import threading
+
+    from attention_crossval.reference.case import AttentionCase
+    from attention_crossval.reference.exact import sample_rows
+    from attention_crossval.report import cache as cache_module
+
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, s, 1, 8)).astype(np.float16) for s in (2, 3, 3))
+    case = AttentionCase(q, k, v)
+    rows = sample_rows(case, 2)
+    both_writing = threading.Barrier(2, timeout=60)
+    savez = np.savez
+
+    def savez_together(*args, **kwargs):
+        both_writing.wait()  # both writers are between computing and publishing the entry
+        savez(*args, **kwargs)
+
+    monkeypatch.setattr(cache_module.np, "savez", savez_together)
+    errors: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            cache_module.ExactCache(tmp_path).get(case, rows, 128)
+        except BaseException as error:  # noqa: BLE001 - collected for the assertion below
+            errors.append(error)
+
+    writers = [threading.Thread(target=write) for _ in range(2)]
+    for writer in writers:
+        writer.start()
+    for writer in writers:
+        writer.join()
+    monkeypatch.undo()
+    assert errors == []
+    (entry,) = tmp_path.glob("*.npz")  # no temporary file left behind
+    assert cache_module.ExactCache(tmp_path).get(case, rows, 128).o.shape == (1, 2, 1, 8)
+
+
 @pytest.mark.parametrize(
     ("fault", "check", "timeout"),
     [
