@@ -170,6 +170,7 @@ def mutated(draw, document: Any) -> Any:
     return copy
 
 
+@settings(max_examples=30)  # a resume example runs a one-config report
 @given(data=st.data(), command=st.sampled_from(["diff", "diff-jsonl", "merge", "resume"]))
 def test_diff_merge_resume_on_mutated_reports(finished: Path, data, command: str) -> None:
     report = json.loads((finished / "report.json").read_text())
