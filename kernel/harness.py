@@ -9,7 +9,9 @@ case model lets a kernel never read; adapters add NaN guard bands around device 
 
 Checks (``CHECKS``, one vocabulary for findings and adapters). Always applied: ``error`` /
 ``crash`` / ``timeout`` (the latter two in an isolated worker, :mod:`kernel.isolation`; the case
-is saved as .npz and a fresh worker continues), ``empty-rows`` (empty rows, and padded query
+is saved as .npz and a fresh worker continues), ``shape`` (``o`` / ``lse`` not float arrays of
+the layout's shapes), ``input-write`` (q, k, v or the explicit mask changed by the call),
+``empty-rows`` (empty rows, and padded query
 rows of a ``padded_rows="zero"`` kernel, differ from O = 0 / LSE = -inf or the declared
 convention), ``lse`` (also: ``spec.returns_lse`` but no LSE returned). Applied where the
 adapter's ``checks`` (a subset of :data:`ADAPTER_CHECKS`) names them: ``output-guard`` (a guard
@@ -25,6 +27,7 @@ translated to the project convention, and listed in ``Verdict.declared``, never 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 from dataclasses import dataclass
@@ -33,7 +36,13 @@ from typing import Any
 
 import numpy as np
 
-from attention_crossval.kernel.isolation import Declined, IsolatedKernel, KernelCrashed, execute
+from attention_crossval.kernel.isolation import (
+    Declined,
+    IsolatedKernel,
+    KernelCrashed,
+    Run,
+    execute,
+)
 from attention_crossval.kernel.references import reference_findings
 from attention_crossval.kernel.spec import KernelAdapter, KernelSpec
 from attention_crossval.kernel.verdict import CHECKS, CheckFailed, Finding, Verdict
@@ -47,6 +56,7 @@ __all__ = [
     "Declined",
     "Finding",
     "IsolatedKernel",
+    "Run",
     "Verdict",
     "applied_checks",
     "execute",
@@ -105,11 +115,14 @@ def run_case(
     """Run ``adapter`` on ``case`` under every applicable check and return the verdict.
 
     ``isolated`` runs the calls in that worker (``adapter`` then only supplies ``spec`` and
-    ``checks``); without it the calls run in this process. ``repeats`` >= 2 runs give the
-    determinism check. ``compare`` adds the reference checks (``bound``, ``lse``).
+    ``checks``); an :class:`IsolatedKernel` passed as ``adapter`` is its own worker. Otherwise
+    the calls run in this process. ``repeats`` >= 2 runs give the determinism check.
+    ``compare`` adds the reference checks (``bound``, ``lse``).
     """
     if repeats < 1:
         raise ValueError(f"repeats={repeats!r} must be >= 1")
+    if isolated is None and isinstance(adapter, IsolatedKernel):
+        isolated = adapter
     spec = adapter.spec
     start = time.perf_counter()
     reason = spec.unsupported(case)
@@ -118,16 +131,21 @@ def run_case(
     checks = applied_checks(adapter)
     poisoned = fill_padding(case, np.nan) if "padding-read" in checks else case
 
-    def call(which: AttentionCase, prefill: str) -> tuple[AttentionResult, tuple[str, ...]]:
+    def call(which: AttentionCase, prefill: str) -> Run:
         if isolated is not None:
             return isolated.call(which, prefill)
-        return execute(adapter, which, prefill)
+        # a private copy per call, as a worker gets: a kernel writing its inputs cannot change
+        # the caller's case (the references are computed from it) or the next run's
+        return execute(adapter, dataclasses.replace(which), prefill)
 
     try:
         runs = [call(poisoned, "nan" if i == 0 else "zero") for i in range(repeats)]
-        findings, declared, result = _analyse(
-            spec, checks, case, runs, lambda: call(fill_padding(case, 0.0), "zero")[0]
-        )
+        findings, declared, result = _shape_findings(case, runs), [], None
+        if not findings:
+            findings, declared, result = _analyse(
+                spec, checks, case, runs, lambda: call(fill_padding(case, 0.0), "zero").result
+            )
+            findings = _input_write_findings(runs) + findings
     except KernelCrashed as crash:
         findings, declared, result = [Finding(crash.check, str(crash))], [], None
     except Declined as declined:
@@ -152,7 +170,8 @@ def _applied(
     checks: frozenset[str], spec: KernelSpec, *, isolated: bool, compare: bool
 ) -> frozenset[str]:
     """Every check a verdict applied: the adapter's and those that always apply."""
-    applied = checks | {"error", "empty-rows"} | ({"crash", "timeout"} if isolated else set())
+    always = {"error", "shape", "input-write", "empty-rows"}
+    applied = checks | always | ({"crash", "timeout"} if isolated else set())
     return (
         applied
         | ({"lse"} if spec.returns_lse else set())
@@ -168,6 +187,34 @@ def _save(case: AttentionCase, kernel: str, check: str, directory: str | Path) -
     for array in (case.q, case.k, case.v):
         hasher.update(np.ascontiguousarray(array).tobytes())
     return case.save(directory / f"{kernel}-{check}-{hasher.hexdigest()[:16]}.npz")
+
+
+def _shape_findings(case: AttentionCase, runs: list[Run]) -> list[Finding]:
+    """``shape`` when a run's ``o`` / ``lse`` is not a real float array of the layout's shape:
+    every later check would misread it, so the verdict has no result."""
+    expected = {"o": (case.B, case.Sq, case.Hq, case.Dv), "lse": (case.B, case.Hq, case.Sq)}
+    for run in runs:
+        for name, shape in expected.items():
+            value = getattr(run.result, name)
+            if name == "lse" and value is None:
+                continue
+            if not isinstance(value, np.ndarray) or value.dtype.kind != "f":
+                what = type(value).__name__
+                what += f" of {value.dtype}" if isinstance(value, np.ndarray) else ""
+                return [Finding("shape", f"{name} must be a float NumPy array, got {what}")]
+            if value.shape != shape:
+                return [
+                    Finding(
+                        "shape", f"{name} has shape {list(value.shape)}, expected {list(shape)}"
+                    )
+                ]
+    return []
+
+
+def _input_write_findings(runs: list[Run]) -> list[Finding]:
+    """``input-write`` when any run changed q, k, v or the explicit mask it was given."""
+    written = sorted({message for run in runs for message in run.input_writes})
+    return [Finding("input-write", "; ".join(written))] if written else []
 
 
 @dataclass(frozen=True)
@@ -203,17 +250,17 @@ def _analyse(
     spec: KernelSpec,
     checks: frozenset[str],
     case: AttentionCase,
-    runs: list[tuple[AttentionResult, tuple[str, ...]]],
+    runs: list[Run],
     clean_run: Any,
 ) -> tuple[list[Finding], list[str], AttentionResult]:
     """Turn the raw runs into findings; returns the (translated) result of the last run."""
     findings: list[Finding] = []
     rows = _Rows.of(spec, case)
-    first, last = runs[0][0], runs[-1][0]
-    writes = sorted({w for _, run_writes in runs for w in run_writes})
+    first, last = runs[0].result, runs[-1].result
+    writes = sorted({w for run in runs for w in run.writes})
     if writes and "output-guard" in checks:
         findings.append(Finding("output-guard", "; ".join(writes)))
-    if spec.returns_lse and any(run.lse is None for run, _ in runs):
+    if spec.returns_lse and any(run.result.lse is None for run in runs):
         findings.append(Finding("lse", "spec.returns_lse is True but the kernel returned lse=None"))
     unwritten = np.zeros_like(rows.empty)
     if "unwritten" in checks and len(runs) > 1:

@@ -1,20 +1,42 @@
 """A kernel in a spawned worker process: a crash, hang or CUDA error ends the worker, not the run.
 
-The worker resolves the kernel, says it is ready, then answers ``("run", case, prefill)``
-messages. Its start (spawn, imports, kernel set-up) has its own limit, ``start_timeout_s``, so
-the per-call ``timeout_s`` measures the kernel alone: a slow start under load is never
-misreported as a hang.
+The worker resolves the kernel (imports the user's module and calls the factory there, so a
+factory that crashes or hangs cannot take the caller down), then says ``("ready", spec, checks)``:
+the caller learns the declaration without running user code. It then answers
+``("run", case, prefill)`` messages. Its start (spawn, imports, kernel set-up) has its own limit,
+``start_timeout_s``, so the per-call ``timeout_s`` measures the kernel alone: a slow start under
+load is never misreported as a hang.
+
+The worker dies with its parent (``PR_SET_PDEATHSIG`` on Linux, plus a thread that polls the
+parent pid everywhere), so killing the caller never leaves a busy worker behind. After a
+``MemoryError`` or a CUDA error the worker is replaced: its heap or context may be unusable.
 """
 
 from __future__ import annotations
 
+import ctypes
+import dataclasses
 import multiprocessing
+import os
+import reprlib
+import signal
+import sys
+import threading
+import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
-from attention_crossval.kernel.spec import KernelAdapter
+import numpy as np
+
+from attention_crossval.kernel.spec import KernelAdapter, KernelSpec
 from attention_crossval.reference.case import AttentionCase, AttentionResult
+
+MAX_TIMEOUT_S = 86_400.0  # one day: longer waits overflow the pipe's poll
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+_PARENT_POLL_S = 1.0
+# Error messages after which a worker is replaced: its CUDA context or heap may be corrupt.
+_RESTART_WORDS = ("cuda", "illegal", "device-side", "launch")
 
 
 class Declined(Exception):
@@ -30,39 +52,111 @@ class KernelCrashed(Exception):
         self.check = check
 
 
-def execute(
-    adapter: KernelAdapter, case: AttentionCase, prefill: str
-) -> tuple[AttentionResult, tuple[str, ...]]:
-    """One call: through ``run_guarded`` when the adapter has it, else ``adapter(case)``."""
+class Run(NamedTuple):
+    """One kernel call: its result, the guard bands it wrote (``output-guard``), and the inputs
+    it changed (``input-write``), each as messages."""
+
+    result: AttentionResult
+    writes: tuple[str, ...] = ()
+    input_writes: tuple[str, ...] = ()
+
+
+def execute(adapter: KernelAdapter, case: AttentionCase, prefill: str) -> Run:
+    """One call: through ``run_guarded`` when the adapter has it, else ``adapter(case)``; the
+    case's arrays are compared bitwise before and after, so a kernel writing into its inputs
+    is caught wherever it runs (a worker's unpickled arrays are writeable)."""
+    inputs = _inputs(case)
+    before = {name: array.copy() for name, array in inputs.items()}
     if hasattr(adapter, "run_guarded"):
         result, writes = adapter.run_guarded(case, prefill=prefill)
-        return result, tuple(writes)
-    return adapter(case), ()
+    else:
+        result, writes = adapter(case), ()
+    if not isinstance(result, AttentionResult):
+        raise TypeError(f"the kernel returned {type(result).__name__}, not an AttentionResult")
+    changed = tuple(
+        message
+        for name, array in inputs.items()
+        if (message := _changed(name, before[name], array)) is not None
+    )
+    return Run(result, tuple(writes), changed)
 
 
-def _worker_main(kernel: str, conn: Any) -> None:
-    """Worker loop: resolve the kernel once, say "ready", then answer run messages."""
+def _inputs(case: AttentionCase) -> dict[str, np.ndarray]:
+    inputs = {"q": case.q, "k": case.k, "v": case.v}
+    if case.mask.explicit is not None:
+        inputs["mask.explicit"] = case.mask.explicit
+    return inputs
+
+
+def _changed(name: str, before: np.ndarray, after: np.ndarray) -> str | None:
+    """Where ``after`` differs from ``before`` in any bit (NaN payloads and -0.0 included)."""
+    unsigned = f"u{before.dtype.itemsize}"
+    differ = before.view(unsigned) != np.ascontiguousarray(after).view(unsigned)
+    if not differ.any():
+        return None
+    index = tuple(int(i) for i in np.argwhere(differ)[0])
+    return f"{name}: {int(differ.sum())} elements written by the kernel; first at {list(index)}"
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """End this worker when ``parent_pid`` ends: the kernel (Linux ``PR_SET_PDEATHSIG``), and a
+    thread polling the parent pid for everything else (and for a parent gone before prctl)."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        except (OSError, AttributeError):
+            pass  # no libc prctl: the polling thread still ends the worker
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(_PARENT_POLL_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
+
+
+def _worker_main(kernel: str, conn: Any, parent_pid: int) -> None:
+    """Worker loop: resolve the kernel once, send its declaration, then answer run messages."""
+    _die_with_parent(parent_pid)
+    from attention_crossval.kernel.harness import applied_checks
     from attention_crossval.kernel.registry import resolve
 
-    adapter = resolve(kernel)
-    conn.send(("ready",))
+    try:
+        adapter = resolve(kernel)
+        checks = applied_checks(adapter)
+        spec = KernelSpec(  # a plain KernelSpec: unpickling it never imports the user's module
+            **{f.name: getattr(adapter.spec, f.name) for f in dataclasses.fields(KernelSpec)}
+        )
+    except ValueError as error:  # resolve's and applied_checks' messages name the kernel
+        conn.send(("failed", str(error)))
+        return
+    except BaseException as error:  # noqa: BLE001 - a factory's sys.exit too: reported, not lost
+        conn.send(("failed", f"kernel={kernel!r}: set-up raised {type(error).__name__}: {error}"))
+        return
+    conn.send(("ready", spec, checks))
     while True:
         message = conn.recv()
         if message is None:
             return
         _, case, prefill = message
         try:
-            result, writes = execute(adapter, case, prefill)
-            conn.send(("ok", result.o, result.lse, writes))
+            run = execute(adapter, case, prefill)
+            conn.send(("ok", run.result.o, run.result.lse, run.writes, run.input_writes))
         except Declined as declined:
-            conn.send(("declined", str(declined), ""))
+            conn.send(("declined", str(declined), "", False))
         except Exception as error:  # noqa: BLE001 - any kernel error is a finding, reported back
-            conn.send(("error", f"{type(error).__name__}: {error}", traceback.format_exc(limit=4)))
+            text = f"{type(error).__name__}: {error}"
+            restart = isinstance(error, MemoryError) or any(
+                word in text.lower() for word in _RESTART_WORDS
+            )
+            conn.send(("error", text, traceback.format_exc(limit=4), restart))
 
 
 @dataclass
 class IsolatedKernel:
-    """A kernel living in a spawned worker process; restarted after a crash, hang or CUDA error.
+    """A kernel living in a spawned worker process; restarted after a crash, hang, CUDA error or
+    MemoryError. It is itself an adapter (``spec``, ``checks``, ``__call__``), learned from the
+    worker's handshake.
 
     ``timeout_s`` limits one call; ``start_timeout_s`` limits the worker's start (until ready).
     """
@@ -72,14 +166,48 @@ class IsolatedKernel:
     start_timeout_s: float = 600.0
     _process: Any = field(default=None, repr=False)
     _conn: Any = field(default=None, repr=False)
+    _declared: tuple[KernelSpec, frozenset[str]] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
+        from attention_crossval.kernel.registry import factory_path
+
+        factory_path(self.kernel)  # a malformed name is refused before any process starts
         for name in ("timeout_s", "start_timeout_s"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ValueError(f"{name}={value!r} must be a number of seconds > 0")
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if not number or not 0 < value <= MAX_TIMEOUT_S:
+                raise ValueError(
+                    f"{name}={reprlib.repr(value)} must be a number of seconds > 0 and "
+                    f"<= {MAX_TIMEOUT_S:g}"
+                )
 
-    def call(self, case: AttentionCase, prefill: str) -> tuple[AttentionResult, tuple[str, ...]]:
+    @property
+    def spec(self) -> KernelSpec:
+        """The kernel's declaration, from the worker's handshake (starting it if needed)."""
+        return self._declaration()[0]
+
+    @property
+    def checks(self) -> frozenset[str]:
+        """The adapter's harness checks (``kernel.harness.applied_checks``), from the worker."""
+        return self._declaration()[1]
+
+    def _declaration(self) -> tuple[KernelSpec, frozenset[str]]:
+        if self._declared is None:
+            self.start()
+        assert self._declared is not None
+        return self._declared
+
+    def start(self) -> None:
+        """Start the worker; ValueError naming the kernel if it cannot load, set up or answer."""
+        try:
+            self._start()
+        except KernelCrashed as error:
+            raise ValueError(str(error)) from None
+
+    def __call__(self, case: AttentionCase) -> AttentionResult:
+        return self.call(case, "zero").result
+
+    def call(self, case: AttentionCase, prefill: str) -> Run:
         """Run ``case`` in the worker (started first if needed) and return its answer."""
         if self._process is None or not self._process.is_alive():
             self._start()
@@ -87,13 +215,11 @@ class IsolatedKernel:
         if reply[0] == "declined":
             raise Declined(reply[1])
         if reply[0] == "error":
-            if any(
-                word in reply[1].lower() for word in ("cuda", "illegal", "device-side", "launch")
-            ):
-                self.close(kill=True)  # the CUDA context may be corrupt: next call gets a fresh one
+            if reply[3]:
+                self.close(kill=True)  # MemoryError or CUDA error: the next call gets a fresh one
             raise KernelCrashed("error", f"{reply[1]}\n{reply[2]}")
-        _, o, lse, writes = reply
-        return AttentionResult(o=o, lse=lse), writes
+        _, o, lse, writes, input_writes = reply
+        return Run(AttentionResult(o=o, lse=lse), writes, input_writes)
 
     def _request(self, message: tuple | None, timeout_s: float, what: str) -> tuple:
         """Send ``message`` (None: only wait) and receive the reply within ``timeout_s``."""
@@ -110,16 +236,27 @@ class IsolatedKernel:
             self._process.join(timeout=5)
             code = self._process.exitcode
             self.close(kill=True)
-            raise KernelCrashed("crash", f"worker process died (exit code {code})") from None
+            raise KernelCrashed("crash", f"worker process died ({_exit_reason(code)})") from None
 
     def _start(self) -> None:
         context = multiprocessing.get_context("spawn")
         parent, child = context.Pipe()
-        self._process = context.Process(target=_worker_main, args=(self.kernel, child), daemon=True)
+        self._process = context.Process(
+            target=_worker_main, args=(self.kernel, child, os.getpid()), daemon=True
+        )
         self._process.start()
         child.close()
         self._conn = parent
-        self._request(None, self.start_timeout_s, "worker start: spawn, imports, kernel set-up")
+        try:
+            reply = self._request(
+                None, self.start_timeout_s, "worker start: spawn, imports, kernel set-up"
+            )
+        except KernelCrashed as error:
+            raise KernelCrashed(error.check, f"kernel={self.kernel!r}: {error}") from None
+        if reply[0] == "failed":
+            self.close(kill=True)
+            raise KernelCrashed("error", reply[1])
+        self._declared = (reply[1], reply[2])
 
     def close(self, *, kill: bool = False) -> None:
         """Stop the worker: politely (it finishes its loop) unless ``kill``."""
@@ -136,3 +273,13 @@ class IsolatedKernel:
             self._process.join(timeout=10)
         self._conn.close()
         self._process = self._conn = None
+
+
+def _exit_reason(code: int | None) -> str:
+    """``exit code N`` or the signal's name (a segfault shows as SIGSEGV)."""
+    if code is not None and code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"

@@ -3,14 +3,19 @@
 A user's kernel outside this repository plugs in without edits: ``--kernel mypkg.fa:adapter``
 where ``attr`` is an adapter instance (an object with ``spec`` and ``__call__(case)``) or a
 zero-argument factory returning one. Nothing here imports torch.
+
+User kernels run in a worker process (:class:`kernel.isolation.IsolatedKernel`), factory
+included; only the built-ins in :data:`IN_PROCESS` run in the caller's process by default.
+:func:`describe` gives a kernel's declaration either way.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import reprlib
 
-from attention_crossval.kernel.spec import KernelAdapter
+from attention_crossval.kernel.spec import KernelAdapter, KernelSpec
 
 # name -> (dotted path of a zero-arg factory, module whose presence makes it available)
 BUILTIN: dict[str, tuple[str, str | None]] = {
@@ -29,29 +34,49 @@ BUILTIN: dict[str, tuple[str, str | None]] = {
         "cutlass",
     ),  # compile-only: no SM100 here
 }
+# Built-ins that run in the caller's process unless told otherwise: project code with no native
+# part that could crash or hang (the streaming tier); every other kernel gets a worker process.
+IN_PROCESS = frozenset({"streaming-fa"})
 GPU_BUILTIN = tuple(name for name in BUILTIN if name != "streaming-fa")
 # Built-ins that run on one GPU generation only (compute capability major): left out of the
 # defaults on other GPUs, where they would decline every case; still reachable with --kernel.
 REQUIRED_COMPUTE_MAJOR = {"own-sm100": 10}
 
 
-def resolve(name_or_path: str) -> KernelAdapter:
-    """The adapter for a built-in name or ``package.module:attr``.
+def factory_path(name_or_path: str) -> str:
+    """The ``package.module:attr`` of a built-in name or dotted path, checked without importing.
 
-    >>> resolve("streaming-fa").spec.device
-    'cpu'
+    >>> factory_path("streaming-fa")
+    'attention_crossval.kernel.adapters.streaming:create'
     """
+    if not isinstance(name_or_path, str):
+        raise ValueError(f"kernel={reprlib.repr(name_or_path)} must be a str")
     path = BUILTIN[name_or_path][0] if name_or_path in BUILTIN else name_or_path
-    if ":" not in path:
+    module_name, colon, attr = path.partition(":")
+    if not (colon and module_name and attr):
         raise ValueError(
             f"kernel={name_or_path!r} must be a built-in name ({', '.join(BUILTIN)}) "
             "or a dotted path package.module:attr"
         )
+    return path
+
+
+def resolve(name_or_path: str) -> KernelAdapter:
+    """The adapter for a built-in name or ``package.module:attr``, built in this process (the
+    user's module and factory run here: use :class:`kernel.isolation.IsolatedKernel` or
+    :func:`describe` to keep them out).
+
+    >>> resolve("streaming-fa").spec.device
+    'cpu'
+    """
+    path = factory_path(name_or_path)
     module_name, _, attr = path.partition(":")
     try:
         target = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as error:
-        raise ValueError(f"kernel={name_or_path!r}: cannot load {path} ({error})") from error
+    except Exception as error:  # noqa: BLE001 - any failure at import is a kernel that cannot load
+        raise ValueError(
+            f"kernel={name_or_path!r}: cannot load {path} ({type(error).__name__}: {error})"
+        ) from error
     adapter = target
     if callable(target) and not isinstance(target, KernelAdapter):
         try:
@@ -66,7 +91,32 @@ def resolve(name_or_path: str) -> KernelAdapter:
             f"kernel={name_or_path!r}: {path} must be an adapter (spec + __call__(case)) or a "
             f"zero-argument factory returning one, got {type(adapter).__name__}"
         )
+    if not isinstance(adapter.spec, KernelSpec):
+        raise ValueError(
+            f"kernel={name_or_path!r}: {path}.spec must be a KernelSpec, "
+            f"got {type(adapter.spec).__name__}"
+        )
     return adapter
+
+
+def describe(name_or_path: str, *, start_timeout_s: float = 600.0) -> KernelSpec:
+    """A kernel's declaration without running its code here: in-process built-ins are resolved,
+    every other kernel is set up in a short-lived worker that sends its spec back. ValueError
+    naming the kernel when it cannot load, its factory fails, crashes or outlasts
+    ``start_timeout_s``, or its ``spec`` is not a KernelSpec.
+
+    >>> describe("streaming-fa").device
+    'cpu'
+    """
+    if name_or_path in IN_PROCESS:
+        return resolve(name_or_path).spec
+    from attention_crossval.kernel.isolation import IsolatedKernel
+
+    worker = IsolatedKernel(name_or_path, start_timeout_s=start_timeout_s)
+    try:
+        return worker.spec
+    finally:
+        worker.close()
 
 
 def available(names: tuple[str, ...] = tuple(BUILTIN)) -> list[str]:

@@ -23,6 +23,13 @@ from attention_crossval.reference.precision import StreamingPrecision
 
 MASK_KINDS = frozenset({"causal", "window", "varlen", "explicit"})
 _SETS = (frozenset, set, tuple, list)
+# Set-valued fields and their item type; any of _SETS is accepted and stored as a frozenset.
+_SET_FIELDS = {
+    "dtypes": ((str,), "str names"),
+    "mask_kinds": ((str,), "str names"),
+    "head_dims": ((int, np.integer), "ints >= 1"),
+    "head_dims_v": ((int, np.integer), "ints >= 1"),
+}
 
 
 @dataclass(frozen=True)
@@ -70,13 +77,21 @@ class KernelSpec:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"spec.name={self.name!r} must be a non-empty str")
-        for name in ("dtypes", "mask_kinds", "head_dims", "head_dims_v"):
+        for name, (kinds, what) in _SET_FIELDS.items():
             value = getattr(self, name)
-            if not (value is None and name == "head_dims_v") and not isinstance(value, _SETS):
+            if value is None and name == "head_dims_v":
+                continue
+            if not isinstance(value, _SETS):
                 raise ValueError(
                     f"spec.{name}={value!r} must be a set (frozenset, set, tuple or list), "
                     f"not {type(value).__name__}"
                 )
+            if not all(isinstance(item, kinds) for item in value):  # before hashing: no TypeError
+                raise ValueError(f"spec.{name}={value!r} must hold {what} only")
+            object.__setattr__(self, name, frozenset(value))  # a list is read as its set
+        for name in ("device", "empty_rows", "padded_rows"):
+            if not isinstance(getattr(self, name), str):
+                raise ValueError(f"spec.{name}={getattr(self, name)!r} must be a str")
         for name in ("gqa", "returns_lse", "deterministic"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise ValueError(f"spec.{name}={getattr(self, name)!r} must be a bool")

@@ -10,6 +10,8 @@ CHECKS = (
     "error",
     "crash",
     "timeout",
+    "shape",
+    "input-write",
     "output-guard",
     "unwritten",
     "padding-read",

@@ -16,11 +16,13 @@ import hashlib
 import os
 import sys
 import tempfile
-from collections.abc import Iterator
+import zipfile
+import zlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from attention_crossval.reference.bounds import error_bound
-from attention_crossval.reference.case import AttentionCase
+from attention_crossval.reference.case import MAX_ELEMENTS, AttentionCase
 from attention_crossval.reference.compare import compare
 from attention_crossval.reference.exact import exact_attention, sample_rows
 from attention_crossval.reference.precision import StreamingPrecision
@@ -66,7 +68,13 @@ def tile_from_label(case: AttentionCase, default: int) -> int:
     """The ``tile_n=<n>`` an ``attention_cases`` case was drawn around, else ``default``."""
     for part in case.label.split():
         if part.startswith("tile_n="):
-            return int(part.removeprefix("tile_n="))
+            text = part.removeprefix("tile_n=")
+            if not text.isdigit() or not 1 <= int(text) <= MAX_BLOCK:
+                raise ValueError(
+                    f"label {part!r} must give an integer tile_n in [1, {MAX_BLOCK}] "
+                    "(or pass --block-n)"
+                )
+            return int(text)
     return default
 
 
@@ -88,18 +96,68 @@ def replay(case: AttentionCase, *, block_m: int, block_n: int, rows: int | None 
     return "\n".join(lines)
 
 
+# What reading a file that is not a saved case raises (missing keys, truncated or foreign zip,
+# a field of the wrong type or shape); each becomes one line naming the file.
+_NOT_A_CASE = (
+    OSError,
+    EOFError,
+    MemoryError,
+    KeyError,
+    ValueError,
+    TypeError,
+    IndexError,
+    zipfile.BadZipFile,
+    zlib.error,
+)
+MAX_BLOCK = 1 << 16  # --block-m / --block-n: larger tiles than any kernel's
+
+
+def load_case(path: Path) -> AttentionCase:
+    """``AttentionCase.load(path)``, or ValueError naming the file and why it is not a case."""
+    if not path.is_file():
+        raise ValueError(f"{path} must be an existing .npz file written by AttentionCase.save")
+    try:
+        with path.open("rb") as stream:  # closed here when np.load fails half-way
+            return AttentionCase.load(stream)
+    except _NOT_A_CASE as error:
+        reason = str(error).splitlines()[0] if str(error) else ""
+        raise ValueError(
+            f"{path} is not a case written by AttentionCase.save ({type(error).__name__}: {reason})"
+        ) from None
+
+
+def _positive(maximum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = 0
+        if not 1 <= value <= maximum:
+            raise argparse.ArgumentTypeError(f"{text!r} must be an integer in [1, {maximum}]")
+        return value
+
+    return parse
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Exit 0 with the report; exit 2 with one line for a bad option or a file not a case."""
     parser = argparse.ArgumentParser(
         prog="python -m attention_crossval.properties.replay", description=__doc__
     )
     parser.add_argument("case", type=Path, help="a case written by AttentionCase.save")
-    parser.add_argument("--block-m", type=int, default=None, help="default: the case's tile_n")
-    parser.add_argument("--block-n", type=int, default=None, help="default: the case's tile_n")
-    parser.add_argument("--rows", type=int, default=None, help="exact tier on N sampled rows")
+    block = _positive(MAX_BLOCK)
+    parser.add_argument("--block-m", type=block, default=None, help="default: the case's tile_n")
+    parser.add_argument("--block-n", type=block, default=None, help="default: the case's tile_n")
+    rows = _positive(MAX_ELEMENTS)
+    parser.add_argument("--rows", type=rows, default=None, help="exact tier on N sampled rows")
     args = parser.parse_args(argv)
-    case = AttentionCase.load(args.case)
-    block_n = args.block_n or tile_from_label(case, 128)
-    print(replay(case, block_m=args.block_m or block_n, block_n=block_n, rows=args.rows))
+    try:
+        case = load_case(args.case)
+        block_n = args.block_n or tile_from_label(case, 128)
+        print(replay(case, block_m=args.block_m or block_n, block_n=block_n, rows=args.rows))
+    except ValueError as error:
+        print(f"{parser.prog}: error: {str(error).splitlines()[0]}", file=sys.stderr)
+        return 2
     return 0
 
 

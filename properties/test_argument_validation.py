@@ -22,9 +22,11 @@ from attention_crossval.kernel.spec import KernelSpec
 from attention_crossval.reference.bounds import error_bound
 from attention_crossval.reference.case import AttentionCase, AttentionResult, Mask
 from attention_crossval.reference.compare import compare
+from attention_crossval.reference.exact import exact_attention
 from attention_crossval.reference.masks import visible_all
 from attention_crossval.reference.precision import StreamingPrecision, round_to
 from attention_crossval.reference.streaming import streaming_attention
+from attention_crossval.report.configs import Config
 
 pytestmark = pytest.mark.cpu
 
@@ -122,6 +124,23 @@ TABLE = [
     e(Mask, "mask.causal", causal="yes"),
     e(Mask, "mask.explicit must be a bool array", explicit=np.ones((1, 1, 2, 2))),
     e(Mask, "mask.explicit must be a bool array", explicit=np.ones((2, 2), bool)),
+    e(Mask, "mask.q_lengths=array(3) must be a sequence", q_lengths=np.array(3)),  # TypeError
+    e(Mask, "mask.window_left=9223372036854775808 must be None", window_left=2**63),
+    e(Mask, "mask.window_right=2147483648 must be None", window_right=2**31),
+    # AttentionCase and Config: the element budget, before any copy (MemoryError before)
+    e(
+        AttentionCase,
+        "v [1, 65536, 1, 8192] has 536870912 elements: above the element budget",
+        **{
+            name: np.broadcast_to(np.float16(0), shape)  # no memory behind these views
+            for name, shape in (
+                ("q", (1, 1, 1, 8)),
+                ("k", (1, 65536, 1, 8)),
+                ("v", (1, 65536, 1, 8192)),
+            )
+        },
+    ),
+    e(Config, "config: q [1, 1000000000, 2, 64] has", dtype="float16", D=64, Sq=10**9, Sk=8),
     # StreamingPrecision: each stage's dtype and the threshold
     e(StreamingPrecision, "score_dtype", score_dtype="float16"),
     e(StreamingPrecision, "accum_dtype", accum_dtype="bfloat16"),
@@ -142,6 +161,17 @@ TABLE = [
     e(KernelSpec, "spec.tile_m", name="k", tile_m=0),
     e(KernelSpec, "spec.device", name="k", device="tpu"),
     e(KernelSpec, "spec.empty_rows", name="k", empty_rows="inf"),
+    e(KernelSpec, "spec.dtypes=[16] must hold str names", name="k", dtypes=[16]),  # TypeError
+    e(KernelSpec, "spec.mask_kinds=[['causal']] must hold str", name="k", mask_kinds=[["causal"]]),
+    e(KernelSpec, "spec.head_dims=[[64]] must hold ints", name="k", head_dims=[[64]]),
+    e(KernelSpec, "spec.device=['cpu'] must be a str", name="k", device=["cpu"]),
+    # exact tier: the working precision's range (OverflowError in _finish_row at 1023 and up)
+    e(
+        exact_attention,
+        "prec_bits=1023 must be an int in [64, 960]",
+        case=GOOD_CASE,
+        prec_bits=1023,
+    ),
     # Tiers and comparison: their own arguments
     e(streaming_attention, "block_n", case=GOOD_CASE, block_n=0),
     e(streaming_attention, "precision", case=GOOD_CASE, precision="float16"),
@@ -167,9 +197,22 @@ def test_bad_argument_raises_value_error_naming_it(row: Row) -> None:
         row.constructor(**row.kwargs)
 
 
+def test_list_valued_spec_fields_are_read_as_sets() -> None:
+    """Regression: ``mask_kinds=['causal']`` was accepted, then every case raised TypeError in
+    ``supports`` (every report record an error); any of frozenset/set/tuple/list now works."""
+    spec = KernelSpec(name="k", dtypes=["float16"], head_dims=[8], mask_kinds=["causal"])
+    assert spec.mask_kinds == frozenset({"causal"}) and spec.head_dims == frozenset({8})
+    assert spec.supports(AttentionCase(**CASE, mask=Mask(causal=True)))
+    assert spec.unsupported(AttentionCase(**CASE, mask=Mask(window_left=1))) == (
+        "mask kinds ['window'] not supported"
+    )
+
+
 # --- Hypothesis: malformed inputs let only ValueError escape ------------------------------
 
-JUNK = st.sampled_from([None, "x", 1.5, -1, True, object(), (), [1], 10**400, math.nan])
+JUNK = st.sampled_from(
+    [None, "x", 1.5, -1, True, object(), (), [1], 10**400, math.nan, 2**63, np.array(3), [[1]]]
+)
 DTYPES = st.sampled_from(
     [np.float16, ml_dtypes.bfloat16, np.float32, np.float64, np.int32, np.bool_, np.complex64]
 )
@@ -265,9 +308,12 @@ def test_only_value_error_escapes_streaming_precision(kwargs: dict) -> None:
     st.fixed_dictionaries(
         {
             "name": st.text(max_size=3),
-            "dtypes": st.frozensets(st.sampled_from(["float16", "bfloat16", "float32", "x"])),
-            "head_dims": st.frozensets(st.integers(-1, 256) | st.sampled_from(["64", 1.5])),
-            "mask_kinds": st.frozensets(st.sampled_from(["causal", "window", "varlen", "z"])),
+            "dtypes": st.frozensets(st.sampled_from(["float16", "bfloat16", "float32", "x"]))
+            | st.lists(st.sampled_from(["float16", "x", 16, ("float16",)]) | JUNK, max_size=3),
+            "head_dims": st.frozensets(st.integers(-1, 256) | st.sampled_from(["64", 1.5]))
+            | st.lists(st.integers(-1, 256) | JUNK, max_size=3),
+            "mask_kinds": st.frozensets(st.sampled_from(["causal", "window", "varlen", "z"]))
+            | st.lists(st.sampled_from(["causal", "varlen"]) | JUNK, max_size=3).map(tuple),
             "tile_m": st.integers(-1, 256) | JUNK,
             "tile_n": st.integers(-1, 256) | JUNK,
             "device": st.sampled_from(["cpu", "cuda", "tpu"]) | JUNK,

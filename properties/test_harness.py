@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -33,6 +35,8 @@ from attention_crossval.reference.case import AttentionCase, AttentionResult, Ma
 from attention_crossval.reference.precision import StreamingPrecision
 
 pytestmark = pytest.mark.cpu
+
+FAULTS = "attention_crossval.kernel.broken.cpu_faults"
 
 
 def _case(mask: Mask | None = None, *, B: int = 2, Sq: int = 20, Sk: int = 37) -> AttentionCase:
@@ -102,7 +106,14 @@ def test_fill_padding_touches_only_padding() -> None:
 
 
 @pytest.mark.parametrize(
-    ("fault", "check"), [("hang", "timeout"), ("exit", "crash"), ("raises", "error")]
+    ("fault", "check"),
+    [
+        ("hang", "timeout"),
+        ("exit", "crash"),
+        ("sys_exit", "crash"),
+        ("segfault", "crash"),
+        ("raises", "error"),
+    ],
 )
 def test_isolated_worker_reports_fault_saves_case_and_recovers(
     fault: str, check: str, tmp_path
@@ -176,14 +187,135 @@ def test_registry_resolves_names_and_dotted_paths() -> None:
     ("name", "message"),
     [
         ("no-such-kernel", "built-in name"),
+        ("pkg.mod:", "built-in name"),
         ("attention_crossval.kernel.no_module:thing", "cannot load"),
         ("attention_crossval.kernel.registry:BUILTIN", "must be an adapter"),
         ("os.path:join", "calling it raised TypeError"),
+        ("attention_crossval.kernel.broken.fails_at_import:x", "cannot load.*ZeroDivisionError"),
+        (f"{FAULTS}:bad_spec", "spec must be a KernelSpec, got dict"),
     ],
 )
 def test_registry_rejects_bad_names(name: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         registry.resolve(name)
+
+
+# --- faults of the kernel, its factory and its module (issue 9, section 5) ---------------------
+
+
+@pytest.mark.parametrize(
+    ("factory", "message"),
+    [
+        ("factory_raises", "calling it raised RuntimeError: deliberate failure in the factory"),
+        ("factory_exits", "set-up raised SystemExit: 0"),
+        ("factory_segfaults", "worker process died \\(killed by SIGSEGV\\)"),
+        ("bad_spec", "spec must be a KernelSpec, got dict"),
+    ],
+)
+def test_factory_faults_in_the_worker_are_value_errors(factory: str, message: str) -> None:
+    """Regression: the factory ran in the parent, so a crashing one ended the run."""
+    with pytest.raises(ValueError, match=f"^kernel='{FAULTS}:{factory}': .*{message}"):
+        registry.describe(f"{FAULTS}:{factory}", start_timeout_s=60.0)
+
+
+def test_hanging_factory_is_a_start_timeout() -> None:
+    """Regression: a factory that never returned hung the run before any config started. (A
+    start slower than 3 s under load gives the same answer: the factory never returns.)"""
+    with pytest.raises(ValueError, match=r"no answer within 3 s \(worker start"):
+        registry.describe(f"{FAULTS}:factory_hangs", start_timeout_s=3.0)
+
+
+def test_describe_learns_the_spec_without_importing_the_kernel_here(tmp_path, monkeypatch) -> None:
+    """The parent learns the declaration from the worker's handshake: the user's module is
+    imported only there (it would run user code here, where a fault ends the run)."""
+    (tmp_path / "user_kernel_9.py").write_text(
+        "from attention_crossval.kernel.broken.cpu_faults import guarded as create\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = registry.describe("user_kernel_9:create", start_timeout_s=60.0)
+    assert spec == GuardedNumpyAdapter().spec
+    assert "user_kernel_9" not in sys.modules
+    assert registry.describe("streaming-fa").device == "cpu"  # in process: a built-in opt-in
+
+
+@pytest.mark.parametrize("isolated", [False, True], ids=["in-process", "isolated"])
+def test_kernel_writing_its_inputs_is_caught(isolated: bool) -> None:
+    """Regression: under isolation the worker's unpickled inputs were never compared."""
+    worker = IsolatedKernel(f"{FAULTS}:writes_inputs", timeout_s=30.0) if isolated else None
+    try:
+        verdict = run_case(FaultyAdapter("writes_inputs"), _case(), isolated=worker)
+    finally:
+        if worker is not None:
+            worker.close()
+    assert [f.check for f in verdict.findings] == ["input-write"]
+    assert "q: 1280 elements written" in verdict.findings[0].message
+
+
+def test_output_of_the_wrong_shape_is_a_finding() -> None:
+    """Regression: an O of the wrong shape raised deep in the checks and aborted the report."""
+    verdict = run_case(FaultyAdapter("wrong_shape"), _case())
+    assert [f.check for f in verdict.findings] == ["shape"]
+    assert verdict.findings[0].message == "o has shape [2, 20, 2, 32], expected [2, 20, 2, 16]"
+    assert verdict.result is None
+
+
+def test_memory_error_replaces_the_worker() -> None:
+    """Regression: after a MemoryError every later call in the same worker failed too."""
+    worker = IsolatedKernel(f"{FAULTS}:memory", timeout_s=30.0)
+    try:
+        worker.start()
+        first = worker._process.pid
+        assert run_case(worker, _case(), compare=False).failed("error")
+        assert worker._process is None  # replaced: the next call starts a fresh one
+        worker.start()
+        assert worker._process.pid != first
+    finally:
+        worker.close()
+
+
+def _children(pid: int) -> set[int]:
+    tasks = Path(f"/proc/{pid}/task")
+    text = " ".join((task / "children").read_text() for task in tasks.iterdir())
+    return {int(child) for child in text.split()}
+
+
+def _alive(pid: int) -> bool:
+    """Running and not a zombie (a container's init may never reap it)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc (Linux)")
+@pytest.mark.parametrize("signal_name", ["SIGKILL", "SIGTERM"])
+def test_worker_dies_with_a_killed_report(tmp_path, signal_name: str) -> None:
+    """Regression: SIGKILL/SIGTERM to attention-report left its busy worker running."""
+    argv = ["--kernel", f"{FAULTS}:spin", "--preset", "tiny", "--only", "none", "--no-progress"]
+    marker = tmp_path / "spinning"
+    report = subprocess.Popen(
+        [sys.executable, "-m", "attention_crossval.report", *argv, "--out", str(tmp_path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=os.environ | {"CPU_FAULTS_MARKER": str(marker)},
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert marker.exists(), "the kernel did not start spinning within 60 s"
+        workers = _children(report.pid)
+        assert workers
+        report.send_signal(getattr(signal, signal_name))
+        report.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(_alive(pid) for pid in workers)
+    finally:
+        report.kill()
+        report.wait()
 
 
 class _Scripted(GuardedNumpyAdapter):

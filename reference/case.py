@@ -14,6 +14,14 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
+# Largest array a case or a report config may describe, in elements (q, k, v and the output o
+# each): 2**28 is 2 GiB as float64, ten times the largest preset; beyond it the tiers' float64
+# copies exhaust a workstation, so it is refused up front instead of failing with MemoryError.
+MAX_ELEMENTS = 1 << 28
+# Largest window, in keys: windows wider than any sequence mean "unbounded" (use None); the bound
+# keeps ``i + offset +- window`` inside int64 in every tier.
+MAX_WINDOW = (1 << 31) - 1
+
 INPUT_DTYPES: dict[str, np.dtype] = {
     "float16": np.dtype(np.float16),
     "bfloat16": np.dtype(ml_dtypes.bfloat16),
@@ -27,6 +35,17 @@ def dtype_name(dtype: np.dtype | str) -> str:
     if name not in INPUT_DTYPES:
         raise ValueError(f"dtype={name!r} must be one of {sorted(INPUT_DTYPES)}")
     return name
+
+
+def check_element_budget(where: str, shapes: dict[str, tuple[int, ...]]) -> None:
+    """ValueError naming the first array of ``shapes`` above :data:`MAX_ELEMENTS`."""
+    for name, shape in shapes.items():
+        count = math.prod(shape)
+        if count > MAX_ELEMENTS:
+            raise ValueError(
+                f"{where}{name} {list(shape)} has {count} elements: above the element budget "
+                f"MAX_ELEMENTS=2**28 per array (reference.case.MAX_ELEMENTS)"
+            )
 
 
 class CausalAlignment(enum.Enum):
@@ -65,13 +84,18 @@ class Mask:
             raise ValueError(f"mask.causal={self.causal!r} must be a bool")
         for name in ("window_left", "window_right"):
             value = getattr(self, name)
-            if value is not None and (not _is_int(value) or value < 0):
-                raise ValueError(f"mask.{name}={value!r} must be None (unbounded) or an int >= 0")
+            if value is not None and (not _is_int(value) or not 0 <= value <= MAX_WINDOW):
+                raise ValueError(
+                    f"mask.{name}={value!r} must be None (unbounded) or an int in [0, 2**31 - 1]"
+                )
         for name in ("q_lengths", "k_lengths"):
             value = getattr(self, name)
             if value is None:
                 continue
-            lengths = tuple(value) if isinstance(value, (tuple, list, np.ndarray)) else (None,)
+            sequence = isinstance(value, (tuple, list)) or (
+                isinstance(value, np.ndarray) and value.ndim == 1
+            )
+            lengths = tuple(value) if sequence else (None,)
             if not all(_is_int(n) and n >= 0 for n in lengths):
                 raise ValueError(f"mask.{name}={value!r} must be a sequence of ints >= 0")
             object.__setattr__(self, name, tuple(int(n) for n in lengths))
@@ -148,6 +172,10 @@ class AttentionCase:
                 raise ValueError(
                     f"{name}.dtype={array.dtype.name} must be one of {sorted(INPUT_DTYPES)}"
                 )
+        (b, sq, hq, _), v_shape = self.q.shape, self.v.shape
+        check_element_budget(
+            "", {"q": self.q.shape, "k": self.k.shape, "v": v_shape, "o": (b, sq, hq, v_shape[3])}
+        )
         if not (self.q.dtype == self.k.dtype == self.v.dtype):
             raise ValueError(
                 f"q, k, v must share one dtype, got {self.q.dtype.name}, "

@@ -62,6 +62,10 @@ from attention_crossval.reference.masks import visible
 #: (mpmath's Taylor series plus squarings loses a few tens of units at most; the test samples it).
 EXP_FIXED_ERROR_BOUND = 64
 
+#: Largest ``prec_bits``: a row sum (up to ``Sk 2^prec_bits``, Sk <= 2^28 by the element budget
+#: reference.case.MAX_ELEMENTS) must stay below 2^1024 to be converted to a float64.
+MAX_PREC_BITS = 960
+
 _EXACT_FLOAT64_BITS = 53  # integers below 2^53 are exact in float64
 _P_LIMB_BITS = 16  # weights P are split into uint16 limbs (a byte view of their little-endian form)
 _ROW_CHUNK = 64  # rows per GEMM batch: bounds memory at chunk * Sk * (prec_bits / 16) doubles
@@ -96,8 +100,7 @@ def exact_attention(
 
     See the module docstring for the algorithm and the error bound.
     """
-    if isinstance(prec_bits, bool) or not isinstance(prec_bits, int) or prec_bits < 64:
-        raise ValueError(f"prec_bits={prec_bits!r} must be an int >= 64")
+    check_prec_bits(prec_bits)
     rows = _check_rows(case, rows)
     B, Sq, Hq, Dv = case.B, case.Sq, case.Hq, case.Dv
     out = _Outputs(
@@ -112,6 +115,14 @@ def exact_attention(
             heads = [h for h in range(Hq) if case.kv_head(h) == kv_head]
             _evaluate_group(case, b, kv_head, heads, rows, prec_bits, out)
     return ExactResult(**vars(out), rows=rows, prec_bits=prec_bits)
+
+
+def check_prec_bits(prec_bits: object) -> None:
+    """ValueError unless ``prec_bits`` is an int in [64, :data:`MAX_PREC_BITS`]."""
+    if isinstance(prec_bits, bool) or not isinstance(prec_bits, int):
+        raise ValueError(f"prec_bits={prec_bits!r} must be an int in [64, {MAX_PREC_BITS}]")
+    if not 64 <= prec_bits <= MAX_PREC_BITS:
+        raise ValueError(f"prec_bits={prec_bits!r} must be an int in [64, {MAX_PREC_BITS}]")
 
 
 def sample_rows(case: AttentionCase, n: int, seed: int = 0) -> np.ndarray:

@@ -11,6 +11,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import tempfile
+import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -31,8 +34,16 @@ def case_digest(case: AttentionCase) -> str:
     return hasher.hexdigest()
 
 
+# What reading a torn, truncated or foreign ``.npz`` raises; such an entry is a miss, rewritten.
+_UNREADABLE = (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile, zlib.error)
+
+
 class ExactCache:
-    """``exact_attention`` results stored as ``.npz`` under ``directory`` (None: memory only)."""
+    """``exact_attention`` results stored as ``.npz`` under ``directory`` (None: memory only).
+
+    Writes are atomic and private to their writer (a unique temporary name, then
+    ``os.replace``), so concurrent writers never see or clobber each other's partial files;
+    an unreadable entry counts as a miss and is rewritten."""
 
     def __init__(self, directory: str | Path | None) -> None:
         self.directory = None if directory is None else Path(directory)
@@ -49,20 +60,24 @@ class ExactCache:
         path = None if self.directory is None else self.directory / f"{hasher.hexdigest()[:32]}.npz"
         if path is not None and path.exists():
             try:
-                with np.load(path) as data:
+                with path.open("rb") as stream, np.load(stream) as data:  # closed on errors
                     fields = {name: data[name] for name in data.files}
                 fields["prec_bits"] = int(fields["prec_bits"])
                 self.hits += 1
                 return ExactResult(**fields)
-            except (OSError, ValueError, KeyError, TypeError):
-                path.unlink(missing_ok=True)  # a torn write from an interrupted run: recompute
+            except _UNREADABLE:
+                path.unlink(missing_ok=True)  # torn or corrupted: recompute and rewrite
         self.misses += 1
         result = exact_attention(case, rows, prec_bits=prec_bits)
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
-            partial = path.with_suffix(".tmp.npz")
-            np.savez(
-                partial, **{f.name: getattr(result, f.name) for f in dataclasses.fields(result)}
-            )
-            os.replace(partial, path)
+            descriptor, partial = tempfile.mkstemp(dir=path.parent, prefix=path.stem, suffix=".tmp")
+            try:
+                with os.fdopen(descriptor, "wb") as stream:
+                    fields = {f.name: getattr(result, f.name) for f in dataclasses.fields(result)}
+                    np.savez(stream, **fields)
+                os.replace(partial, path)
+            except BaseException:
+                Path(partial).unlink(missing_ok=True)
+                raise
         return result

@@ -22,6 +22,7 @@ from pathlib import Path
 # set before numpy is imported by anything below.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
+from attention_crossval.kernel.isolation import MAX_TIMEOUT_S  # noqa: E402
 from attention_crossval.report.configs import (  # noqa: E402
     PRESETS,
     load_config_file,
@@ -33,25 +34,30 @@ from attention_crossval.report.runner import TIERS, RunOptions  # noqa: E402
 from attention_crossval.report.shard import parse_shard  # noqa: E402
 
 DEFAULT_OUT = "attention-report-out"
+MAX_SAMPLE = 10_000  # --sample: Hypothesis draws this many cases up front
+MAX_REPEATS = 100  # --repeats: kernel runs per case
 
 
 # Parse-time checks (argparse ``type=``): a bad value stops the command before any kernel is
 # resolved or case run, with "argument --NAME: <rule>" and exit code 2.
-def _int_at_least(minimum: int) -> Callable[[str], int]:
+def _int_in(minimum: int, maximum: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             value = None
-        if value is None or value < minimum:
-            raise argparse.ArgumentTypeError(f"{text!r} must be an integer >= {minimum}")
+        if value is None or not minimum <= value <= maximum:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} must be an integer in [{minimum}, {maximum}]"
+            )
         return value
 
     return parse
 
 
-def _run_option(field: str) -> Callable[[str], int]:
-    """An integer that :class:`RunOptions` accepts as ``field`` (its rule, not a copy of it)."""
+def _run_option(field: str, maximum: int | None = None) -> Callable[[str], int]:
+    """An integer that :class:`RunOptions` accepts as ``field`` (its rule, not a copy of it),
+    and at most ``maximum`` when given (a bound on the run's length)."""
 
     def parse(text: str) -> int:
         try:
@@ -62,20 +68,23 @@ def _run_option(field: str) -> Callable[[str], int]:
             RunOptions(**{field: value})
         except ValueError as error:
             raise argparse.ArgumentTypeError(str(error)) from None
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"{text!r} must be at most {maximum}")
         return value
 
     return parse
 
 
-def _finite_float(*, positive: bool) -> Callable[[str], float]:
+def _finite_float(*, positive: bool, maximum: float = math.inf) -> Callable[[str], float]:
     rule = "a finite number > 0" if positive else "a finite number >= 0"
+    rule += f" and <= {maximum:g}" if math.isfinite(maximum) else ""
 
     def parse(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
             value = math.nan
-        if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        if not math.isfinite(value) or value < 0 or (positive and value == 0) or value > maximum:
             raise argparse.ArgumentTypeError(f"{text!r} must be {rule}")
         return value
 
@@ -139,9 +148,9 @@ def _run_parser() -> argparse.ArgumentParser:
     )
     source.add_argument(
         "--sample",
-        type=_int_at_least(1),
+        type=_int_in(1, MAX_SAMPLE),
         metavar="N",
-        help="N Hypothesis-sampled cases within the first kernel's spec",
+        help=f"N Hypothesis-sampled cases within the first kernel's spec (N <= {MAX_SAMPLE})",
     )
     source.add_argument(
         "--config-file",
@@ -161,13 +170,13 @@ def _run_parser() -> argparse.ArgumentParser:
         "--prec-bits",
         type=_run_option("prec_bits"),
         default=128,
-        help="exact-tier precision (default 128)",
+        help="exact-tier precision in bits, 64 to 960 (default 128)",
     )
     parser.add_argument(
         "--repeats",
-        type=_run_option("repeats"),
+        type=_run_option("repeats", MAX_REPEATS),
         default=2,
-        help="kernel runs per case, >1 checks determinism (default 2)",
+        help=f"kernel runs per case, >1 checks determinism (default 2, at most {MAX_REPEATS})",
     )
     parser.add_argument(
         "--out",
@@ -179,16 +188,26 @@ def _run_parser() -> argparse.ArgumentParser:
         "--isolate",
         choices=("auto", "always", "never"),
         default="auto",
-        help="run kernels in a worker process that may crash or hang (auto: CUDA kernels)",
+        help="run kernels (module, factory and calls) in a worker process that may crash or "
+        "hang (auto: every kernel but the in-process built-in streaming-fa; never: all here)",
     )
     parser.add_argument(
         "--kernel-timeout",
-        type=_finite_float(positive=True),
+        type=_finite_float(positive=True, maximum=MAX_TIMEOUT_S),
         default=300.0,
         help="seconds per kernel call when isolated (default 300)",
     )
     parser.add_argument(
-        "--fresh", action="store_true", help="discard finished records in --out instead of resuming"
+        "--kernel-start-timeout",
+        type=_finite_float(positive=True, maximum=MAX_TIMEOUT_S),
+        default=600.0,
+        help="seconds for an isolated kernel's worker to import and set up the kernel "
+        "(default 600)",
+    )
+    parser.add_argument(
+        "--fresh",
+        action="store_true",
+        help="discard finished records, reports and the exact cache in --out instead of resuming",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--no-html", action="store_true", help="write JSON and Markdown only")
@@ -281,13 +300,23 @@ def run_main(argv: Sequence[str]) -> int:
         for name in PRESETS:
             print(f"{name:10} {len(preset(name)):4} configs")
         return 0
-    from attention_crossval.report.session import resolve_kernels, run_report
-    from attention_crossval.report.shard import (
-        parse_gpus,
-        run_on_gpus,
-        shard_configs,
-        shard_provenance,
+    from attention_crossval.report.session import output_lock
+    from attention_crossval.report.shard import parse_gpus
+
+    gpus = None if args.gpus is None else parse_gpus(args.gpus)  # refused before --out is touched
+    with output_lock(args.out):
+        return _run_locked(args, argv, gpus)
+
+
+def _run_locked(args: argparse.Namespace, argv: Sequence[str], gpus: list[str] | None) -> int:
+    """The run, holding the lock on ``--out``; ``gpus``: one shard per GPU (``--gpus``)."""
+    from attention_crossval.report.session import (
+        clear_outputs,
+        close_kernels,
+        resolve_kernels,
+        run_report,
     )
+    from attention_crossval.report.shard import run_on_gpus, shard_configs, shard_provenance
 
     options = RunOptions(
         tiers=tuple(dict.fromkeys(args.tier)) or TIERS,  # --tier exact twice: one exact tier
@@ -295,21 +324,28 @@ def run_main(argv: Sequence[str]) -> int:
         prec_bits=args.prec_bits,
         repeats=args.repeats,
     )
+    if args.fresh:
+        clear_outputs(args.out)
     kernels = resolve_kernels(
-        args.kernel or ["streaming-fa"], isolate=args.isolate, timeout_s=args.kernel_timeout
+        args.kernel or ["streaming-fa"],
+        isolate=args.isolate,
+        timeout_s=args.kernel_timeout,
+        start_timeout_s=args.kernel_start_timeout,
     )
-    configs = _configs(args, kernels)
+    try:
+        configs = _configs(args, kernels)
+    except ValueError:
+        close_kernels(kernels)
+        raise
     provenance = None
-    if args.gpus is not None:
-        report = run_on_gpus(argv, parse_gpus(args.gpus), args.out, html=not args.no_html)
+    if gpus is not None:
+        close_kernels(kernels)  # the shards run their own
+        report = run_on_gpus(argv, gpus, args.out, html=not args.no_html)
         return _summary_line(report, args.out, args.strict)
     if args.shard is not None:
         index, count = args.shard
         configs = shard_configs(configs, index, count)
         provenance = {"shard": shard_provenance(index, count)}
-    if args.fresh:
-        for name in ("records.jsonl", "report.json", "report.md", "report.html"):
-            (Path(args.out) / name).unlink(missing_ok=True)
     report = run_report(
         configs,
         kernels,
@@ -352,12 +388,17 @@ def diff_main(argv: Sequence[str]) -> int:
 
 
 def merge_main(argv: Sequence[str]) -> int:
+    from attention_crossval.report.session import output_lock
     from attention_crossval.report.shard import merge_reports
 
     args = _merge_parser().parse_args(argv)
-    report = merge_reports(
-        args.shards, args.out, html=not args.no_html, command=["attention-report", "merge", *argv]
-    )
+    with output_lock(args.out):
+        report = merge_reports(
+            args.shards,
+            args.out,
+            html=not args.no_html,
+            command=["attention-report", "merge", *argv],
+        )
     return _summary_line(report, args.out, strict=False)
 
 
@@ -370,5 +411,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             return merge_main(argv[1:])
         return run_main(argv[1:] if argv[:1] == ["run"] else argv)
     except (ValueError, OSError) as error:  # bad options or inputs: a message, not a traceback
-        print(f"attention-report: error: {error}", file=sys.stderr)
+        message = " | ".join(line.strip() for line in str(error).splitlines() if line.strip())
+        print(f"attention-report: error: {message}", file=sys.stderr)
         return 2

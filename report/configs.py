@@ -26,7 +26,13 @@ import numpy as np
 # the pytest coverage plugin, and the report must run where pytest is not installed.
 from attention_crossval.properties._strategies.scores import DISTRIBUTIONS, BuildContext
 from attention_crossval.properties._strategies.shapes import Shape
-from attention_crossval.reference.case import INPUT_DTYPES, AttentionCase, CausalAlignment, Mask
+from attention_crossval.reference.case import (
+    INPUT_DTYPES,
+    AttentionCase,
+    CausalAlignment,
+    Mask,
+    check_element_budget,
+)
 
 MASK_KINDS = (
     "none",
@@ -98,6 +104,8 @@ class Config:
             )
         if self.Hq % self.Hkv:
             raise ValueError(f"config.Hq={self.Hq} must be a multiple of config.Hkv={self.Hkv}")
+        q, kv = (self.B, self.Sq, self.Hq, self.D), (self.B, self.Sk, self.Hkv, self.D)
+        check_element_budget("config: ", {"q": q, "k": kv, "v": kv, "o": q})
         if not isinstance(self.mask, str) or self.mask not in MASK_KINDS:
             raise ValueError(f"config.mask={self.mask!r} must be one of {list(MASK_KINDS)}")
         if not isinstance(self.distribution, str) or self.distribution not in DISTRIBUTIONS:
@@ -329,8 +337,8 @@ def load_config_file(path: str | Path) -> list[Config]:
     try:
         text = path.read_text()
         data = tomllib.loads(text) if kind == "TOML" else json.loads(text)
-    except ValueError as error:  # JSONDecodeError, TOMLDecodeError (line, column), UnicodeError
-        raise ValueError(f"config file {path} is not valid {kind}: {error}") from None
+    except (ValueError, RecursionError) as error:  # JSON/TOML errors (line, column), Unicode,
+        raise ValueError(f"config file {path} is not valid {kind}: {error}") from None  # nesting
     entries = data.get("config") if isinstance(data, dict) else data
     if not isinstance(entries, list) or not entries:
         raise ValueError(f"config file {path} must hold a non-empty list of configs")

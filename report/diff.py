@@ -7,14 +7,12 @@ noise on tiny fractions does not alarm). Improvements, added and removed records
 
 from __future__ import annotations
 
-import json
 import math
 from collections import Counter
 from pathlib import Path
 
 from attention_crossval.report.markdown import fmt
-from attention_crossval.report.records import as_float
-from attention_crossval.report.schema import SCHEMA_PATH, _errors, load_schema
+from attention_crossval.report.records import as_float, read_records
 from attention_crossval.report.session import read_report
 
 _RANK = {"pass": 0, "known": 0, "unsupported": 0, "fail": 1, "error": 2}
@@ -26,19 +24,7 @@ def load_records(path: str | Path) -> list[dict]:
     path = Path(path)
     if path.suffix != ".jsonl":
         return read_report(path)["records"]
-    schema = load_schema()
-    records: dict[str, dict] = {}  # by key, the last line winning, as a resumed run reads them
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except ValueError as error:
-            raise ValueError(f"{path} line {number} is not JSON: {error}") from None
-        errors = list(_errors(record, schema["$defs"]["record"], schema, "record"))
-        if errors:
-            raise ValueError(f"{path} line {number} does not match {SCHEMA_PATH.name}: {errors[0]}")
-        records[record["key"]] = record
+    records = read_records(path, skip_torn=False)
     pairs = Counter((r["config"]["name"], r["kernel"]["name"]) for r in records.values())
     twice = [pair for pair, count in pairs.items() if count > 1]
     if twice:

@@ -32,6 +32,7 @@ import numpy as np
 from attention_crossval.kernel.known_findings import covering, run_with_known
 from attention_crossval.kernel.references import PAIR_BOUND_SCALE, CaseReferences, output_dtype
 from attention_crossval.reference.case import AttentionCase
+from attention_crossval.reference.exact import check_prec_bits
 from attention_crossval.reference.masks import visible
 from attention_crossval.report.cache import ExactCache
 from attention_crossval.report.plotdata import histogram, row_profile
@@ -65,8 +66,7 @@ class RunOptions:
             raise ValueError(f"tiers={list(self.tiers)} must be a non-empty subset of {TIERS}")
         if self.rows < 1:
             raise ValueError(f"rows={self.rows!r} must be >= 1")
-        if self.prec_bits < 64:
-            raise ValueError(f"prec_bits={self.prec_bits!r} must be >= 64")
+        check_prec_bits(self.prec_bits)
         if self.repeats < 1:
             raise ValueError(f"repeats={self.repeats!r} must be >= 1")
 

@@ -30,7 +30,8 @@ def load_schema() -> dict:
 
 
 def validate(report: dict) -> None:
-    """Raise ValueError naming the first place where ``report`` breaks the schema."""
+    """Raise ValueError naming the first place where ``report`` breaks the schema, or where one
+    of its records breaks a rule the schema cannot state (:func:`record_problem`)."""
     schema = load_schema()
     try:
         import jsonschema
@@ -38,14 +39,36 @@ def validate(report: dict) -> None:
         errors = list(_errors(report, schema, schema, "$"))
         if errors:
             raise ValueError(f"report does not match {SCHEMA_PATH.name}: {errors[0]}") from None
-        return
-    try:
-        jsonschema.validate(report, schema)
-    except jsonschema.ValidationError as error:
-        where = "$" + "".join(f"[{p!r}]" for p in error.absolute_path)
-        raise ValueError(
-            f"report does not match {SCHEMA_PATH.name}: {where}: {error.message}"
-        ) from None
+    else:
+        try:
+            jsonschema.validate(report, schema)
+        except jsonschema.ValidationError as error:
+            where = "$" + "".join(f"[{p!r}]" for p in error.absolute_path)
+            raise ValueError(
+                f"report does not match {SCHEMA_PATH.name}: {where}: {error.message}"
+            ) from None
+    for index, record in enumerate(report["records"]):
+        problem = _record_rule(record, f"$.records[{index}]")
+        if problem is not None:
+            raise ValueError(f"report does not match {SCHEMA_PATH.name}: {problem}")
+
+
+def record_problem(record: object) -> str | None:
+    """Why ``record`` (one parsed ``records.jsonl`` line) is not a report record, or None."""
+    schema = load_schema()
+    first = next(_errors(record, schema["$defs"]["record"], schema, "record"), None)
+    return first if first is not None else _record_rule(record, "record")
+
+
+def _record_rule(record: dict, where: str) -> str | None:
+    """The rule readers rely on beyond the schema: an ``ok`` record's ``primary_pair`` names
+    one of its ``pairs``."""
+    if record["status"] == "ok" and record.get("primary_pair") not in record["pairs"]:
+        return (
+            f"{where}: status 'ok' needs primary_pair naming one of its pairs "
+            f"{sorted(record['pairs'])}, got {record.get('primary_pair')!r}"
+        )
+    return None
 
 
 def _is_type(value, name: str) -> bool:

@@ -7,49 +7,108 @@ Files under the output directory:
 * ``cache/exact/*.npz``: exact-tier results (:mod:`report.cache`).
 * ``report.json`` (schema: report/schema.json), ``report.md``, ``report.html`` (needs
   matplotlib; without it the run still writes JSON and Markdown and says so).
+* ``.attention-report.lock``: held (``flock``) by the run writing here, so a second run into the
+  same directory is refused instead of duplicating the work and the records.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import fcntl
 import json
 import os
 import platform
+import shutil
 import sys
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from attention_crossval.report.cache import ExactCache
-from attention_crossval.report.records import RecordLog
+from attention_crossval.report.records import RecordLog, parse_json
 from attention_crossval.report.runner import Kernel, RunOptions, evaluate, record_key
 from attention_crossval.report.schema import SCHEMA_VERSION, validate
 
+LOCK_NAME = ".attention-report.lock"
+_OUTPUTS = ("records.jsonl", "report.json", "report.md", "report.html")
+
 
 def resolve_kernels(
-    names: Sequence[str], *, isolate: str = "auto", timeout_s: float = 300.0
+    names: Sequence[str],
+    *,
+    isolate: str = "auto",
+    timeout_s: float = 300.0,
+    start_timeout_s: float = 600.0,
 ) -> list[Kernel]:
     """A :class:`~report.runner.Kernel` per built-in name or dotted path, in order.
 
-    ``isolate``: ``auto`` runs CUDA kernels in an isolated worker process (a crash or hang is
-    a finding and a fresh worker continues) and CPU kernels in process; ``always`` / ``never``.
+    ``isolate``: ``auto`` runs every kernel in an isolated worker process (its module and
+    factory included: a crash or hang is a finding and a fresh worker continues), except the
+    built-ins of ``kernel.registry.IN_PROCESS``; ``always`` isolates those too; ``never`` runs
+    every kernel in this process. A kernel whose worker cannot start raises ValueError.
     """
     from attention_crossval.kernel.harness import IsolatedKernel
-    from attention_crossval.kernel.registry import resolve
+    from attention_crossval.kernel.registry import IN_PROCESS, resolve
 
     if len(set(names)) != len(names):
         raise ValueError(f"kernels={list(names)} must not repeat a kernel")
     if isolate not in ("auto", "always", "never"):
         raise ValueError(f"isolate={isolate!r} must be 'auto', 'always' or 'never'")
-    kernels = []
-    for name in names:
-        adapter = resolve(name)
-        wanted = isolate == "always" or (isolate == "auto" and adapter.spec.device == "cuda")
-        kernels.append(Kernel(name, adapter, IsolatedKernel(name, timeout_s) if wanted else None))
+    kernels: list[Kernel] = []
+    try:
+        for name in names:
+            if isolate == "never" or (isolate == "auto" and name in IN_PROCESS):
+                kernels.append(Kernel(name, resolve(name)))
+                continue
+            worker = IsolatedKernel(name, timeout_s, start_timeout_s)
+            kernels.append(Kernel(name, worker, worker))
+            worker.start()
+    except ValueError:
+        close_kernels(kernels)
+        raise
     return kernels
+
+
+def close_kernels(kernels: Sequence[Kernel]) -> None:
+    """Stop the kernels' worker processes."""
+    for kernel in kernels:
+        if kernel.isolated is not None:
+            kernel.isolated.close()
+
+
+@contextlib.contextmanager
+def output_lock(out_dir: str | Path) -> Iterator[Path]:
+    """Hold ``OUT/.attention-report.lock`` (``flock``) for the block; ValueError naming the
+    holder's pid when another run writes into ``out_dir``. The lock ends with the process."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / LOCK_NAME, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            raise ValueError(
+                f"--out {out} is in use by another attention-report run (pid {holder}); "
+                "wait for it or choose another --out"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        yield out
+
+
+def clear_outputs(out_dir: str | Path) -> None:
+    """Forget finished work in ``out_dir`` (``--fresh``): records, reports and the exact cache."""
+    out = Path(out_dir)
+    for name in _OUTPUTS:
+        (out / name).unlink(missing_ok=True)
+    shutil.rmtree(out / "cache", ignore_errors=True)
 
 
 def run_report(
@@ -89,9 +148,7 @@ def run_report(
                 bar.update(1)
     finally:
         bar.close()
-        for kernel in kernels:
-            if kernel.isolated is not None:
-                kernel.isolated.close()
+        close_kernels(kernels)
     records = [done[record_key(c, k.name, options)] for c in configs for k in kernels]
     report = {
         "schema_version": SCHEMA_VERSION,
@@ -116,9 +173,9 @@ def read_report(path: str | Path) -> dict:
     """A ``report.json``, parsed and checked against the schema; any error names the file."""
     path = Path(path)
     try:
-        report = json.loads(path.read_text())
+        report = parse_json(path.read_text(), "the file")
         validate(report)
-    except ValueError as error:  # JSONDecodeError (with line and column) or a schema violation
+    except ValueError as error:  # not JSON (line and column), too deep, or a schema violation
         raise ValueError(f"{path}: {error}") from None
     return report
 

@@ -1,15 +1,23 @@
 """CPU kernels with one deliberate fault each, to test the harness without a GPU.
 
-``hang``, ``exit`` (``os._exit``, as a CUDA fault kills a process), ``raises``, ``flaky``
-(nondeterministic); and a NumPy "kernel" with guard-banded output buffers whose variants mirror
-the Triton ones (``skip_last_row``, ``oob_write``, ``read_padding``, ``empty_nan``).
+Faults in the call (:class:`FaultyAdapter`): ``hang``, ``spin`` (a busy hang), ``exit``
+(``os._exit``, as a CUDA fault kills a process), ``sys_exit`` (``sys.exit(0)``), ``segfault``,
+``raises``, ``memory`` (``MemoryError``), ``flaky`` (nondeterministic), ``writes_inputs``
+(negates q in place), ``wrong_shape`` (O with twice the Dv). Faults in the factory:
+``factory_hangs``, ``factory_segfaults``, ``factory_exits``, ``factory_raises``, ``bad_spec`` (a
+``spec`` that is not a KernelSpec); ``kernel.broken.fails_at_import`` fails when imported. And a
+NumPy "kernel" with guard-banded output buffers whose variants mirror the Triton ones
+(``skip_last_row``, ``oob_write``, ``read_padding``, ``empty_nan``).
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
+import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -41,7 +49,7 @@ def _streaming(case: AttentionCase) -> AttentionResult:
 
 @dataclass
 class FaultyAdapter:
-    """``fault`` in hang, exit, raises, flaky; otherwise the streaming tier."""
+    """``fault`` one of the module docstring's call faults; otherwise the streaming tier."""
 
     fault: str
     spec: KernelSpec = field(default_factory=lambda: _spec("cpu-fault"))
@@ -49,16 +57,36 @@ class FaultyAdapter:
     def __call__(self, case: AttentionCase) -> AttentionResult:
         if self.fault == "hang":
             time.sleep(3600)
+        if self.fault == "spin":  # a busy hang at 100% CPU; touches $CPU_FAULTS_MARKER first
+            if os.environ.get("CPU_FAULTS_MARKER"):
+                Path(os.environ["CPU_FAULTS_MARKER"]).touch()
+            while True:
+                pass
         if self.fault == "exit":
             os._exit(3)
+        if self.fault == "sys_exit":
+            sys.exit(0)
+        if self.fault == "segfault":
+            _segfault()
         if self.fault == "raises":
             raise RuntimeError("deliberate failure inside the kernel")
+        if self.fault == "memory":
+            raise MemoryError("deliberate: out of memory inside the kernel")
         result = _streaming(case)
         if self.fault == "flaky":
             noise = np.random.default_rng().integers(0, 2, result.o.shape) * np.spacing(result.o)
             noise[result.o == 0] = 0.0
             return AttentionResult(o=result.o + noise, lse=result.lse)
+        if self.fault == "writes_inputs":  # through the raw pointer, as a native kernel would
+            negated = np.ascontiguousarray(-case.q)
+            ctypes.memmove(case.q.ctypes.data, negated.ctypes.data, negated.nbytes)
+        if self.fault == "wrong_shape":
+            return AttentionResult(o=np.concatenate([result.o, result.o], axis=-1), lse=result.lse)
         return result
+
+
+def _segfault() -> None:
+    ctypes.string_at(0)  # reads address 0: SIGSEGV
 
 
 @dataclass
@@ -109,6 +137,61 @@ def exit() -> FaultyAdapter:  # noqa: A001 - the fault's name
 
 def raises() -> FaultyAdapter:
     return FaultyAdapter("raises")
+
+
+def sys_exit() -> FaultyAdapter:
+    return FaultyAdapter("sys_exit")
+
+
+def segfault() -> FaultyAdapter:
+    return FaultyAdapter("segfault")
+
+
+def memory() -> FaultyAdapter:
+    return FaultyAdapter("memory")
+
+
+def writes_inputs() -> FaultyAdapter:
+    return FaultyAdapter("writes_inputs")
+
+
+def wrong_shape() -> FaultyAdapter:
+    return FaultyAdapter("wrong_shape")
+
+
+def spin() -> FaultyAdapter:
+    return FaultyAdapter("spin")
+
+
+def factory_hangs() -> FaultyAdapter:
+    time.sleep(3600)
+    return FaultyAdapter("none")
+
+
+def factory_segfaults() -> FaultyAdapter:
+    _segfault()
+    return FaultyAdapter("none")
+
+
+def factory_exits() -> FaultyAdapter:
+    sys.exit(0)
+
+
+def factory_raises() -> FaultyAdapter:
+    raise RuntimeError("deliberate failure in the factory")
+
+
+class _BadSpec:
+    """Adapter-shaped, but its ``spec`` is a dict, not a KernelSpec."""
+
+    spec = {"device": "cpu"}
+
+    def __call__(self, case: AttentionCase) -> AttentionResult:
+        return _streaming(case)
+
+
+def bad_spec() -> _BadSpec:
+    return _BadSpec()
 
 
 def flaky() -> FaultyAdapter:

@@ -1,0 +1,317 @@
+"""Fuzz of the entry points users feed: only ValueError (API) or exit 2 with one line (CLI).
+
+Each test throws malformed input at one entry point: ``attention-report`` options and config
+files, ``diff`` / ``merge`` / resume on mutated reports and records, ``replay`` on mutated case
+files, and the kernel names and timeouts of the registry and the worker. Valid draws run for
+real (a one-config streaming-tier report, a 3x5 case), so every example stays well under a
+second; ``max_examples`` is lowered where an example runs a report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+import tempfile
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from attention_crossval.kernel.isolation import IsolatedKernel
+from attention_crossval.kernel.registry import factory_path
+from attention_crossval.properties import replay
+from attention_crossval.reference.case import AttentionCase, Mask
+from attention_crossval.report.cli import main
+
+pytestmark = pytest.mark.cpu
+
+TINY = ["--preset", "tiny", "--only", "none", "--tier", "streaming", "--no-html", "--no-progress"]
+DEEP = "[" * 5000 + "]" * 5000
+NUMBERS = ["0", "-1", "1", "3", "64", "961", "1023", "1e300", "nan", "inf", "-0", str(10**30)]
+WORDS = ["", "x", "none", "0/2", "1/1", "3/2", "a/b", ",", "all", "streaming", "exact"]
+TEXT = st.sampled_from(NUMBERS + WORDS) | st.text(max_size=6)
+OPTIONS = [
+    "--rows",
+    "--prec-bits",
+    "--repeats",
+    "--sample",
+    "--sample-seed",
+    "--kernel-timeout",
+    "--kernel-start-timeout",
+    "--shard",
+    "--only",
+    "--tier",
+    "--preset",
+    "--isolate",
+]
+# Stands for a list nested 5000 deep (RecursionError in parsers and repr): drawn as this token
+# so Hypothesis can print a failing example, and made real where it is used.
+DEEP_TOKEN = "<5000 nested lists>"
+JUNK = st.sampled_from(
+    [None, True, -1, 0, 1.5, 10**30, "x", "", [], {}, [[1]], math.nan, DEEP_TOKEN]
+)
+
+
+def _real(value: Any) -> Any:
+    """``value``, with :data:`DEEP_TOKEN` made a list nested 5000 deep (no recursion)."""
+    if value != DEEP_TOKEN:
+        return value
+    nested: list = []
+    for _ in range(5000):
+        nested = [nested]
+    return nested
+
+
+def _run(entry: Callable[[list[str]], int], argv: list[str]) -> tuple[int, str]:
+    """``entry(argv)``'s exit code and stderr; argparse's exits included."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            code = entry(argv)
+        except SystemExit as exit_:
+            code = exit_.code
+    return code, err.getvalue()
+
+
+def _assert_clean_exit(code: int, err: str, ok: tuple[int, ...] = (0,)) -> None:
+    """``code`` is a success code, or 2 with one error line (argparse adds its usage above)."""
+    assert "Traceback" not in err, err
+    if code in ok:
+        return
+    assert code == 2, (code, err)
+    lines = err.strip().splitlines()
+    assert lines and "error:" in lines[-1], err
+    assert len(lines) == 1 or lines[0].startswith("usage:"), err
+
+
+def _junk_json(value: Any) -> str:
+    """JSON text of ``value``, each :data:`DEEP_TOKEN` written as 5000 nested lists."""
+    return json.dumps(value).replace(json.dumps(DEEP_TOKEN), DEEP)
+
+
+@settings(max_examples=25, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    options=st.lists(st.tuples(st.sampled_from(OPTIONS), TEXT), max_size=3),
+    config=st.none()
+    | st.lists(
+        st.fixed_dictionaries(
+            {"dtype": st.sampled_from(["float16", "bfloat16"]) | JUNK},
+            optional={
+                "D": st.sampled_from([16, 32]) | JUNK,
+                "Sq": st.integers(1, 24) | JUNK,
+                "Sk": st.integers(1, 24) | JUNK,
+                "B": st.integers(1, 2) | JUNK,
+                "mask": st.sampled_from(["none", "causal", "varlen"]) | JUNK,
+                "extra": JUNK,
+            },
+        ),
+        max_size=2,
+    ).map(_junk_json)
+    | st.sampled_from([DEEP, "a = " + DEEP, "[[config]]\ndtype =", "\xff"]),
+    fresh=st.booleans(),
+)
+def test_report_cli_exits_0_or_2_with_one_line(
+    options: list[tuple[str, str]], config: str | None, fresh: bool
+) -> None:
+    with tempfile.TemporaryDirectory() as out:
+        argv = [*TINY, "--repeats", "1", "--out", out]
+        if config is not None:
+            path = Path(out) / ("c.toml" if config.startswith(("a =", "[[")) else "c.json")
+            path.write_text(config)
+            argv = [a for a in argv if a not in ("--preset", "tiny")] + ["--config-file", str(path)]
+        argv += [part for pair in options for part in pair] + (["--fresh"] if fresh else [])
+        code, err = _run(main, argv)
+    event(f"exit {code}")
+    _assert_clean_exit(code, err)
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> Path:
+    """A finished one-config report (streaming tier, about a second)."""
+    out = tmp_path_factory.mktemp("finished")
+    assert main([*TINY, "--repeats", "1", "--out", str(out)]) == 0
+    return out
+
+
+def _paths(value: Any, prefix: tuple = ()) -> list[tuple]:
+    """Every path (tuple of keys/indices) into a parsed JSON value, the root included."""
+    paths, stack = [], [(value, prefix)]
+    while stack:
+        item, path = stack.pop()
+        paths.append(path)
+        if isinstance(item, (dict, list)):
+            children = item.items() if isinstance(item, dict) else enumerate(item)
+            stack.extend((child, (*path, key)) for key, child in children)
+    return paths
+
+
+@st.composite
+def mutated(draw, document: Any) -> Any:
+    """``document`` with one place deleted or replaced by junk; one in four draws replaces
+    the whole document (deep nesting there is what the parsers choke on)."""
+    copy = json.loads(json.dumps(document))
+    path = draw(st.sampled_from(_paths(copy)))
+    if not path or draw(st.integers(0, 3)) == 0:
+        return draw(st.just(DEEP_TOKEN) | JUNK)
+    parent = copy
+    for key in path[:-1]:
+        parent = parent[key]
+    if draw(st.booleans()) and isinstance(parent, dict):
+        del parent[path[-1]]
+    else:
+        parent[path[-1]] = draw(JUNK | st.sampled_from(["kernel_vs_exact", "ok", "pass"]))
+    return copy
+
+
+@settings(max_examples=30)  # a resume example runs a one-config report
+@given(data=st.data(), command=st.sampled_from(["diff", "diff-jsonl", "merge", "resume"]))
+def test_diff_merge_resume_on_mutated_reports(finished: Path, data, command: str) -> None:
+    report = json.loads((finished / "report.json").read_text())
+    if command == "merge":
+        report["shard"] = {"index": 0, "count": 1, "cuda_visible_devices": None}
+    target = report if command in ("diff", "merge") else report["records"][0]
+    bad = _junk_json(data.draw(mutated(target), label="mutated"))
+    good = str(finished / "report.json")
+    with tempfile.TemporaryDirectory() as folder:
+        name = "report.json" if command in ("diff", "merge") else "records.jsonl"
+        path = Path(folder) / name
+        path.write_text(bad + "\n")
+        argv = {
+            "diff": ["diff", good, str(path)],
+            "diff-jsonl": ["diff", str(path), good],
+            "merge": ["merge", str(Path(folder) / "out"), folder],
+            "resume": [*TINY, "--repeats", "1", "--out", folder],
+        }[command]
+        code, err = _run(main, argv)
+    event(f"{command}: exit {code}")
+    _assert_clean_exit(code, err, ok=(0, 1))  # diff: 1 is a regression found
+
+
+@pytest.fixture(scope="module")
+def saved_case(tmp_path_factory) -> bytes:
+    """The bytes of a small saved case (3x5, varlen, causal)."""
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, s, 2, 8)).astype(np.float16) for s in (3, 5, 5))
+    case = AttentionCase(q, k, v, mask=Mask(causal=True, k_lengths=(4,)), label="tile_n=4")
+    path = case.save(tmp_path_factory.mktemp("case") / "case.npz")
+    return path.read_bytes()
+
+
+def _rewrite(data: bytes, key: str, value: Any) -> bytes:
+    """The case file with ``key`` replaced by ``value`` (None: removed)."""
+    with np.load(io.BytesIO(data)) as arrays:
+        fields = {name: arrays[name] for name in arrays.files if name != key}
+    if value is not None:
+        fields[key] = value
+    out = io.BytesIO()
+    np.savez(out, **fields)
+    return out.getvalue()
+
+
+FIELD_JUNK = st.sampled_from(
+    [
+        np.array("float64"),
+        np.array([]),
+        np.array([1, 2, 3]),
+        np.array([[-1, 2]]),
+        np.zeros((2, 2), np.float32),
+        np.array(True),
+        np.array("tile_n=0"),
+        np.array("tile_n=x"),
+        np.full((1, 3, 2, 8), np.nan, np.float16),
+        np.array(10**18),
+    ]
+)
+
+
+@given(
+    data=st.data(),
+    how=st.sampled_from(["truncate", "flip", "field", "drop", "missing", "directory", "valid"]),
+    rows=st.none() | st.sampled_from(["0", "-1", "1", "2", "x", str(10**30)]),
+    block=st.none() | st.sampled_from(["0", "4", "-4", str(10**9)]),
+)
+def test_replay_exits_0_or_2_with_one_line(saved_case: bytes, data, how, rows, block) -> None:
+    content = saved_case
+    keys = ["q", "k", "v", "dtype", "softmax_scale", "causal", "alignment", "window"]
+    keys += ["q_lengths", "k_lengths", "label"]
+    if how == "truncate":
+        content = content[: data.draw(st.integers(0, len(content) - 1))]
+    elif how == "flip":
+        index = data.draw(st.integers(0, len(content) - 1))
+        content = content[:index] + bytes([content[index] ^ 0xFF]) + content[index + 1 :]
+    elif how == "field":
+        content = _rewrite(content, data.draw(st.sampled_from(keys)), data.draw(FIELD_JUNK))
+    elif how == "drop":
+        content = _rewrite(content, data.draw(st.sampled_from(keys)), None)
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "case.npz"
+        if how == "directory":
+            path.mkdir()
+        elif how != "missing":
+            path.write_bytes(content)
+        argv = (
+            [str(path)] + (["--rows", rows] if rows else []) + (["--block-n", block] * bool(block))
+        )
+        code, err = _run(replay.main, argv)
+    event(f"{how}: exit {code}")
+    _assert_clean_exit(code, err)
+
+
+@given(name=st.text(max_size=8) | JUNK, timeout=JUNK | st.floats(allow_nan=True))
+def test_kernel_names_and_timeouts_raise_only_value_error(name: Any, timeout: Any) -> None:
+    """A bad name or timeout is refused before any process starts."""
+    with contextlib.suppress(ValueError):
+        factory_path(_real(name))
+    with contextlib.suppress(ValueError):
+        IsolatedKernel("streaming-fa", timeout_s=_real(timeout)).close()  # never started
+
+
+def _corrupt_member(data: bytes) -> bytes:
+    """The case's zip with q.npy cut in half (BadZipFile / zlib.error when read)."""
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(data)) as source, zipfile.ZipFile(out, "w") as target:
+        for name in source.namelist():
+            payload = source.read(name)
+            target.writestr(name, payload[: len(payload) // 2] if name == "q.npy" else payload)
+    return out.getvalue()
+
+
+# (id, file content from the saved case's bytes or None for no file, extra argv, message part):
+# malformed input to replay, each once a traceback.
+REPLAY_INPUTS = [
+    ("missing-path", None, [], "must be an existing .npz file"),
+    ("empty-file", lambda data: b"", [], "is not a case written by AttentionCase.save"),
+    ("truncated", lambda data: data[: len(data) // 2], [], "is not a case"),
+    ("corrupt-member", _corrupt_member, [], "is not a case"),
+    ("foreign-npz", lambda data: _rewrite(data, "dtype", None), [], "KeyError"),
+    (
+        "nan-in-q",
+        lambda data: _rewrite(data, "q", np.full((1, 3, 2, 8), np.nan, np.float16)),
+        [],
+        "q must be finite",
+    ),
+    ("tile-label", lambda data: _rewrite(data, "label", np.array("tile_n=0")), [], "tile_n"),
+    ("rows-0", lambda data: data, ["--rows", "0"], "--rows"),
+    ("block-n-huge", lambda data: data, ["--block-n", str(10**9)], "--block-n"),
+]
+
+
+@pytest.mark.parametrize(
+    ("content", "extra", "message"),
+    [row[1:] for row in REPLAY_INPUTS],
+    ids=[row[0] for row in REPLAY_INPUTS],
+)
+def test_replay_refuses_malformed_input(saved_case: bytes, tmp_path, content, extra, message):
+    path = tmp_path / "case.npz"
+    if content is not None:
+        path.write_bytes(content(saved_case))
+    code, err = _run(replay.main, [str(path), *extra])
+    _assert_clean_exit(code, err)
+    assert code == 2 and message in err.strip().splitlines()[-1]
