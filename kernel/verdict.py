@@ -59,8 +59,11 @@ class Verdict:
         return any(f.check == check for f in self.findings)
 
     def raise_for(self, *checks: str) -> None:
-        """Raise :class:`CheckFailed` for the first finding of ``checks`` (all when empty)."""
+        """Raise :class:`CheckFailed` for the first finding of ``checks`` (all when empty): that
+        finding, the other checks that failed, the kernel and the one-line case summary."""
         __tracebackhide__ = True
-        for finding in self.findings:
-            if not checks or finding.check in checks:
-                raise CheckFailed(f"{finding}\n  kernel {self.kernel}, case {self.case}")
+        selected = [f for f in self.findings if not checks or f.check in checks]
+        if selected:
+            others = sorted({f.check for f in selected[1:]} - {selected[0].check})
+            also = f"\n  also failed: {', '.join(others)}" if others else ""
+            raise CheckFailed(f"{selected[0]}{also}\n  kernel {self.kernel}, case {self.case}")
