@@ -155,11 +155,14 @@ def run_seed(config: pytest.Config) -> int | None:
 
 
 def kernel_seed(config: pytest.Config, kernel: str) -> int | None:
-    """A seed for ``kernel``'s tests: derived from the run seed and the kernel's name, so kernels
-    explore different cases in one run and each run is reproducible (None: random)."""
+    """A seed for ``kernel``'s tests (:func:`derived_seed` of the run seed), or None (random)."""
     seed = run_seed(config)
-    if seed is None:
-        return None
+    return None if seed is None else derived_seed(seed, kernel)
+
+
+def derived_seed(seed: int, kernel: str) -> int:
+    """A 64-bit seed from a run seed and a kernel's name: kernels explore different cases in one
+    run, and the same run seed gives each kernel the same cases again."""
     digest = hashlib.sha256(f"{seed}:{kernel}".encode()).digest()
     return int.from_bytes(digest[:8], "big")
 
