@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 from attention_crossval.kernel.registry import resolve
@@ -25,7 +25,13 @@ from attention_crossval.properties.strategies import (
     REFERENCE_SPEC,
     attention_cases,
 )
-from attention_crossval.pytest_plugin import SEED_ENV, _choose_run_seed, _git_head, derived_seed
+from attention_crossval.pytest_plugin import (
+    SEED_ENV,
+    SEEDED_PROFILES,
+    _choose_run_seed,
+    _git_head,
+    derived_seed,
+)
 
 pytestmark = pytest.mark.cpu
 
@@ -111,6 +117,19 @@ def test_run_seed_comes_from_the_option_env_commit_or_date(pytestconfig, tmp_pat
         )
     monkeypatch.setenv(SEED_ENV, "11")
     assert _choose_run_seed(_Options(tmp_path, hypothesis_profile="dev"))[0] == 11
+
+
+@pytest.mark.parametrize("profile", ["dev", "ci", "thorough", "debug"])
+def test_profiles_report_the_shrunk_case(profile: str) -> None:
+    """No explain phase: it replayed variants of the shrunk case and left a larger one (B=2,
+    Sq=513) as the reported failure although a 1x1 case had failed first."""
+    phases = settings.get_profile(profile).phases
+    assert Phase.shrink in phases and Phase.explain not in phases
+
+
+def test_ci_profile_is_seeded_not_derandomized() -> None:
+    ci = settings.get_profile("ci")
+    assert not ci.derandomize and ci.database is None and "ci" in SEEDED_PROFILES
 
 
 def test_kernels_get_different_reproducible_seeds() -> None:
