@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from attention_crossval.kernel.gpu_workers import cuda_available
 from attention_crossval.kernel.harness import CheckFailed, IsolatedKernel, run_case
 from attention_crossval.kernel.registry import GPU_BUILTIN, default_kernels, resolve
-from attention_crossval.kernel.spec import MASK_KINDS, KernelSpec
+from attention_crossval.kernel.spec import MASK_KINDS, KernelAdapter, KernelSpec
 from attention_crossval.properties.coverage import coverage_key, sweep
 from attention_crossval.properties.replay import reproducer_on_failure
 from attention_crossval.properties.strategies import attention_cases
@@ -43,17 +43,23 @@ _WORKERS: dict[str, IsolatedKernel] = {}
 
 
 @functools.cache
+def _adapter(kernel: str) -> KernelAdapter:
+    """The resolved ``--kernel`` (its factory runs in this process, once): the harness takes its
+    ``spec`` and ``checks`` from it, while the calls run in the kernel's worker."""
+    try:
+        return resolve(kernel)
+    except ValueError as error:
+        message = str(error)
+    pytest.fail(f"--kernel: {message}", pytrace=False)  # outside the except: one line, no chain
+
+
 def kernel_spec(kernel: str) -> KernelSpec:
-    """The declaration of a ``--kernel`` name: what parametrization needs (device, sweep).
-    Resolving runs the kernel's factory in this process; a GPU built-in without CUDA is not
-    loaded (its package may be missing) and stands as a spec declaring every mask kind, so
-    its tests are listed and skip with the reason."""
+    """The declaration of a ``--kernel`` name: what parametrization needs (device, sweep). A
+    GPU built-in without CUDA is not loaded (its package may be missing): it stands as a spec
+    declaring every mask kind, so its tests are listed and skip with the reason."""
     if kernel in GPU_BUILTIN and not cuda_available()[0]:
         return KernelSpec(name=kernel, mask_kinds=MASK_KINDS, device="cuda")
-    try:
-        return resolve(kernel).spec
-    except ValueError as error:
-        pytest.fail(f"--kernel: {error}", pytrace=False)
+    return _adapter(kernel).spec
 
 
 def _chosen_kernels(config: pytest.Config) -> list[str]:
@@ -128,7 +134,7 @@ def _run_property(
     finding fails with the compact summary and the saved case's replay command (at most a few
     cases saved per test, the shrunk one always)."""
     __tracebackhide__ = True
-    adapter = resolve(kernel)
+    adapter = _adapter(kernel)
     ran: list[AttentionCase] = []
 
     @chosen
@@ -171,8 +177,8 @@ def test_kernel_sweep_passes_every_check(
     )
     assert ran, f"{kernel} declined every {distribution} x {mask_kind} case drawn"
     for case in ran:  # the pair was really drawn (the sweep's coverage claim)
-        _, mask, dist, _ = coverage_key(case)
-        assert dist == distribution and set(required) <= case.mask.kinds, case.describe()
+        drawn = coverage_key(case)[2]
+        assert drawn == distribution and set(required) <= case.mask.kinds, case.describe()
 
 
 def _ramp_case(
