@@ -1,8 +1,8 @@
 """Which strategy catches which broken streaming tier, after how many examples and seconds.
 
 Run from the repository root: ``OPENBLAS_NUM_THREADS=1 python -m benchmarks.bench_mutants``.
-Uses the ``ci`` Hypothesis profile as registered in conftest.py (derandomized, so the numbers
-repeat), without the example database. Prints two Markdown tables for the README:
+Uses the ``ci`` Hypothesis profile as registered by the pytest plugin, derandomized here so the
+numbers repeat, without the example database. Prints two Markdown tables for the README:
 
 1. every mutant hunted with ``attention_cases()`` (all distributions), shrinking included:
    examples until the first counterexample, seconds to it, total seconds with shrinking, the
@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hypothesis import Phase, settings  # noqa: E402
 
-import conftest  # noqa: E402,F401  (registers the project's Hypothesis profiles)
+import attention_crossval.pytest_plugin  # noqa: E402,F401  (registers the Hypothesis profiles)
 from attention_crossval.properties.mutants import MUTANTS, HuntResult, hunt, load_mutant  # noqa: E402
 from attention_crossval.properties.strategies import DISTRIBUTIONS, REFERENCE_SPEC, attention_cases  # noqa: E402
 from attention_crossval.reference import streaming as reference_streaming  # noqa: E402
@@ -46,7 +46,7 @@ def _hunt(attention, profile: settings, *, shrink: bool, **strategy_options) -> 
         attention_cases(**strategy_options),
         block_m=REFERENCE_SPEC.tile_m,
         block_n=REFERENCE_SPEC.tile_n,
-        hypothesis_settings=settings(profile, database=None, phases=phases),
+        hypothesis_settings=settings(profile, database=None, phases=phases, derandomize=True),
     )
 
 
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"machine: {platform.machine()} {platform.processor() or ''} {os.cpu_count()} CPUs, "
         f"Python {platform.python_version()}, profile {args.profile} "
-        f"(max_examples={profile.max_examples}, derandomize={profile.derandomize}), "
+        f"(max_examples={profile.max_examples}, derandomized), "
         f"tiles {REFERENCE_SPEC.tile_m}x{REFERENCE_SPEC.tile_n}\n"
     )
     print("\n".join(overall_table(profile)))

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from attention_crossval.kernel.spec import KernelSpec
-from attention_crossval.kernel.verdict import Finding
+from attention_crossval.kernel.verdict import Finding, chain_hint
 from attention_crossval.reference.case import AttentionCase, AttentionResult
 from attention_crossval.reference.precision import StreamingPrecision
 
@@ -224,10 +224,13 @@ def reference_findings(
     *,
     exact_rows: int = 4,
     references: CaseReferences | None = None,
+    hint: bool = True,
 ) -> list[Finding]:
     """``bound`` / ``lse`` findings: the kernel against float64 (all rows) and exact
     (``exact_rows`` sampled rows), with the derived bounds of the declared precision chain; a
-    ``bound`` message carries the triage (kernel vs streaming emulation, emulation vs exact)."""
+    ``bound`` message carries the triage (kernel vs streaming emulation, emulation vs exact),
+    and with ``hint`` every finding names a neighbouring chain that would pass, if one does
+    (``kernel.verdict.chain_hint``)."""
     refs = references or CaseReferences(case, rows=exact_rows, device=spec.device)
     reports = {tier: refs.compare(result, tier, spec) for tier in ("float64", "exact")}
     reports = {tier: report for tier, report in reports.items() if report is not None}
@@ -242,6 +245,13 @@ def reference_findings(
             if r.lse_mismatched
         )
         findings.append(Finding("lse", summary))
+    if findings and hint:
+        recheck = lambda other: reference_findings(  # noqa: E731
+            case, result, other, exact_rows=exact_rows, references=refs, hint=False
+        )
+        line = chain_hint(spec, case.dtype, recheck)
+        if line is not None:
+            findings = [Finding(f.check, f"{f.message}\n  hint: {line}") for f in findings]
     return findings
 
 

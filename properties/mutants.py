@@ -10,6 +10,8 @@ a mutant can never silently stop mutating when streaming.py changes.
 with the derived bound, shared/notes/numerics.md 4.2) under Hypothesis until a counterexample
 appears, and reports how many examples and seconds that took and which case caught it. Only an
 ``AssertionError`` counts as a catch (:func:`is_a_catch`); any other error propagates.
+:func:`trigger_case` gives each mutant one small hand-made case that exposes it, so a test can
+show the property bites without relying on what a random hunt happens to draw.
 """
 
 from __future__ import annotations
@@ -23,12 +25,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import Flaky
 
+from attention_crossval.properties._strategies.scores import DISTRIBUTIONS, BuildContext
+from attention_crossval.properties._strategies.shapes import Shape
 from attention_crossval.reference.bounds import error_bound, lse_error_bound
-from attention_crossval.reference.case import AttentionCase, AttentionResult
+from attention_crossval.reference.case import INPUT_DTYPES, AttentionCase, AttentionResult, Mask
 from attention_crossval.reference.compare import assert_within_bound
 from attention_crossval.reference.exact import exact_attention
 from attention_crossval.reference.precision import StreamingPrecision
@@ -183,6 +187,44 @@ def load_mutant(name: str) -> types.ModuleType:
     return streaming
 
 
+def trigger_case(name: str, *, block_n: int) -> AttentionCase:
+    """The smallest case we know exposes mutant ``name`` with K blocks of ``block_n`` keys (one
+    row, one head, D = 4, float32, seed 0); the unmutated tier passes every one of them."""
+    if name not in MUTANTS:
+        raise ValueError(f"name={name!r} must be one of {sorted(MUTANTS)}")
+    causal = Mask(causal=True)
+    empty = Mask(k_lengths=(0,))  # no key at all: LSE -inf, O 0
+    dist, Sq, Sk, mask = {
+        # three K blocks, each raising the row max: every block needs the rescale
+        "missed_o_rescale": ("ramp", 1, 2 * block_n + 1, Mask()),
+        "missed_row_sum_rescale": ("ramp", 1, 2 * block_n + 1, Mask()),
+        # Sq > Sk, bottom-right: row 0 sees nothing, a leak lets in the largest logit
+        "causal_off_by_one": ("mask_bait", 3, 2, causal),
+        # Sq < Sk: the swapped diagonal hides every key but the first
+        "wrong_alignment": ("mask_bait", 1, block_n + 1, causal),
+        # NaN/Inf in keys past k_length, inside the last partial block
+        "partial_last_block_unmasked": (
+            "nonfinite_padding", 1, block_n + 3, Mask(k_lengths=(block_n + 1,)),
+        ),
+        "max_init_zero": ("gaussian", 1, 1, empty),
+        # row 0 sees no key of the one K block it visits: an all -inf tile
+        "masked_inf_nan": ("gaussian", 2, 1, causal),
+    }[name]  # fmt: skip
+    shape = Shape(B=1, Sq=Sq, Sk=Sk, Hq=1, Hkv=1, D=4, Dv=4)
+    context = BuildContext(
+        rng=np.random.default_rng(0),
+        shape=shape,
+        dtype="float32",
+        mask=mask,
+        softmax_scale=0.5,
+        tile_n=block_n,
+        noise=0.0,
+    )
+    with np.errstate(all="ignore"):  # NaN/Inf padding is intended
+        q, k, v = (a.astype(INPUT_DTYPES["float32"]) for a in DISTRIBUTIONS[dist].build(context))
+    return AttentionCase(q, k, v, 0.5, mask, label=f"trigger of {name}: dist={dist}")
+
+
 def float64_agreement(
     attention: Attention, case: AttentionCase, *, block_m: int, block_n: int
 ) -> None:
@@ -230,9 +272,11 @@ def hunt(
     block_m: int,
     block_n: int,
     hypothesis_settings: settings | None = None,
+    examples: tuple[AttentionCase, ...] = (),
 ) -> HuntResult:
-    """Run :func:`float64_agreement` on ``strategy`` under ``hypothesis_settings`` (default:
-    the loaded profile, without the example database so counts are honest)."""
+    """Run :func:`float64_agreement` on ``examples`` (explicit, first), then on ``strategy``,
+    under ``hypothesis_settings`` (default: the loaded profile, without the example database so
+    counts are honest)."""
     chosen = hypothesis_settings or settings(settings.default, database=None)
     state = {"examples": 0, "first": None, "last": None}
     start = time.perf_counter()
@@ -250,6 +294,8 @@ def hunt(
             state["last"] = case.label
             raise
 
+    for case in reversed(examples):  # decorators apply bottom-up: keep the given order
+        agreement = example(case)(agreement)
     try:
         agreement()
     except Exception as exc:

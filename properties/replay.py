@@ -3,9 +3,11 @@
 
 A failing property saves its case (``AttentionCase.save``) and prints this command, so the
 exact inputs can be rerun, attached to a report, or loaded with ``AttentionCase.load``. Cases
-go to ``$ATTENTION_REPORT_DIR`` (conftest can set it from ``--report-dir``), else
-``<tmp>/attention-cases``; file names are content hashes, so shrinking rewrites one file per
-distinct case.
+go to ``$ATTENTION_REPORT_DIR`` (the pytest plugin sets it from ``--report-dir``), else
+``<tmp>/attention-cases``; file names are content hashes. A failing property runs many failing
+cases while Hypothesis shrinks (one run saved 90), so :func:`save_failing_case` keeps at most
+:data:`CASES_PER_TEST` per test: the first ones, and in the last slot always the latest case,
+which is the shrunk one (Hypothesis replays it last).
 """
 
 from __future__ import annotations
@@ -46,21 +48,50 @@ def save_case(case: AttentionCase, directory: str | Path | None = None) -> Path:
     return case.save(directory / f"case-{digest.hexdigest()[:16]}.npz")
 
 
-def replay_command(case: AttentionCase, directory: str | Path | None = None) -> str:
-    """Save ``case`` and return the one-line shell command that replays it."""
-    return f"python -m attention_crossval.properties.replay {save_case(case, directory)}"
+CASES_PER_TEST = 5
+_saved: dict[str, list[Path]] = {}
+
+
+def _current_test() -> str:
+    """The running pytest test's id (``$PYTEST_CURRENT_TEST`` less its phase), or ""."""
+    return os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
+
+
+def save_failing_case(
+    case: AttentionCase, directory: str | Path | None = None, *, test: str | None = None
+) -> Path:
+    """:func:`save_case`, keeping at most :data:`CASES_PER_TEST` files per ``test`` (default:
+    the running pytest test): once full, the newest case replaces the previous newest, so the
+    last failing case (Hypothesis' shrunk one) is always on disk. A file another test also
+    saved is never deleted."""
+    path = save_case(case, directory)
+    kept = _saved.setdefault(_current_test() if test is None else test, [])
+    if path in kept:
+        return path
+    if len(kept) == CASES_PER_TEST:
+        dropped = kept.pop()
+        if not any(dropped in others for others in _saved.values()):
+            dropped.unlink(missing_ok=True)
+    kept.append(path)
+    return path
+
+
+def replay_command(path: str | Path) -> str:
+    """The one-line shell command that replays the case saved at ``path``."""
+    return f"python -m attention_crossval.properties.replay {path}"
 
 
 @contextlib.contextmanager
 def reproducer_on_failure(
     case: AttentionCase, directory: str | Path | None = None
 ) -> Iterator[None]:
-    """On any exception inside the block, save ``case`` and add the replay command as a note
-    (shown under the traceback), then re-raise. Costs nothing when the block passes."""
+    """On any exception inside the block, save ``case`` (:func:`save_failing_case`) and add the
+    replay command as a note (shown under the traceback), then re-raise. Costs nothing when the
+    block passes."""
     try:
         yield
     except Exception as exc:
-        exc.add_note(f"reproduce: {replay_command(case, directory)}")
+        exc.add_note(f"reproduce: {replay_command(save_failing_case(case, directory))}")
         raise
 
 

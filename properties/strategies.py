@@ -71,6 +71,7 @@ def _attention_cases(
     head_dims: frozenset[int] | None,
     distributions: tuple[str, ...],
     mask_kinds: frozenset[str],
+    required_mask_kinds: frozenset[str],
 ) -> AttentionCase:
     shape = draw(
         attention_shapes(
@@ -90,6 +91,7 @@ def _attention_cases(
             tile_m=spec.tile_m,
             tile_n=spec.tile_n,
             key_padding=dist.needs_key_padding,
+            required=required_mask_kinds,
         )
     )
     dtype = draw(st.sampled_from(dtypes))
@@ -132,6 +134,7 @@ def attention_cases(
     head_dims: Collection[int] | None = None,
     distributions: Collection[str] | None = None,
     mask_kinds: Collection[str] | None = None,
+    required_mask_kinds: Collection[str] = (),
 ) -> st.SearchStrategy[AttentionCase]:
     """Attention cases inside ``spec`` (None = the reference tiers, :data:`REFERENCE_SPEC`).
 
@@ -139,6 +142,7 @@ def attention_cases(
       head dims, mask kinds, GQA and alignment stay inside the declaration (the other causal
       alignment only where both diagonals agree). With ``spec=None`` both alignments are free.
     * ``dtypes``, ``head_dims``, ``mask_kinds``: subsets of the spec's (default: all of them).
+    * ``required_mask_kinds``: kinds every case's mask uses (a subset of ``mask_kinds``).
     * ``max_len``: longest Sq / Sk (default ``4 * spec.tile_n + 1``, at most ``spec.max_seqlen``);
       ``max_batch``, ``max_heads``: at least 1.
     * ``distributions``: names from :data:`DISTRIBUTIONS` (default: all that the mask kinds
@@ -162,6 +166,11 @@ def attention_cases(
         raise ValueError(
             f"mask_kinds={sorted(kinds)} must be a subset of spec.mask_kinds="
             f"{sorted(spec.mask_kinds)}"
+        )
+    required = frozenset(required_mask_kinds)
+    if not required <= kinds:
+        raise ValueError(
+            f"required_mask_kinds={sorted(required)} must be a subset of mask_kinds={sorted(kinds)}"
         )
     max_len = min(4 * spec.tile_n + 1, spec.max_seqlen) if max_len is None else max_len
     if distributions is None:
@@ -187,6 +196,7 @@ def attention_cases(
         None if head_dims is None else frozenset(head_dims),
         names,
         kinds,
+        required,
     )
     return strategy if kernel_alignment is None else strategy.filter(spec.supports)
 

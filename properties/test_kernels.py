@@ -1,34 +1,94 @@
-"""GPU kernels against the references, under the defensive harness (kernel/harness.py).
+"""Kernels under test against the references, under the defensive harness (kernel/harness.py).
 
 Kernels come from ``--kernel`` (built-in name or ``package.module:attr``, repeatable); without
-it, every built-in GPU adapter whose package is installed. Each kernel runs in its own worker
-process, so a fault or hang is a finding for that case and the session goes on.
+it, every built-in GPU adapter whose package is installed, and without a GPU also the CPU
+``streaming-fa``. Each kernel's tests carry the ``kernel`` marker and ``cpu`` or ``gpu`` by its
+``spec.device``, so a CPU kernel runs under ``-m cpu`` with no CUDA. Each kernel runs in its own
+worker process, so a fault or hang is a finding for that case and the session goes on.
+
+Two tests per kernel: the free Hypothesis test, and a sweep over (score distribution, mask kind)
+pairs (``properties.coverage.sweep``) that makes every distribution and every declared mask kind
+appear in every run. A failure prints one compact summary (check, worst element, shape, mask,
+distribution, the saved ``.npz`` and its replay command), never the arrays; cases are seeded
+per kernel from the run's seed (``kernel_seed``).
 """
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
-from hypothesis import assume, given
+from hypothesis import Verbosity, assume, given, seed, settings
 from hypothesis import strategies as st
 
+from attention_crossval.kernel.gpu_workers import cuda_available
 from attention_crossval.kernel.harness import CheckFailed, IsolatedKernel, run_case
 from attention_crossval.kernel.registry import GPU_BUILTIN, default_kernels, resolve
+from attention_crossval.kernel.spec import MASK_KINDS, KernelAdapter, KernelSpec
+from attention_crossval.properties.coverage import coverage_key, sweep
+from attention_crossval.properties.replay import reproducer_on_failure
 from attention_crossval.properties.strategies import attention_cases
+from attention_crossval.pytest_plugin import kernel_seed
 from attention_crossval.reference.case import AttentionCase, Mask
 
-pytestmark = pytest.mark.gpu
-
 BROKEN = ("no_rescale", "oob_write", "skip_last_tile", "read_padding")
+# A CPU kernel's cases stay at most two K blocks plus one key long (GPU kernels: four), and its
+# free test at most 30 examples (the profile's count if lower): streaming-fa's 15 tests then take
+# 6-12 s on 2 cores (ci profile); with four blocks and 60 examples they took 47 s.
+CPU_MAX_EXAMPLES = 30
+# Per sweep pair: Hypothesis' simplest case first, then one drawn from the kernel's seed.
+SWEEP_EXAMPLES = 2
 _WORKERS: dict[str, IsolatedKernel] = {}
 
 
+@functools.cache
+def _adapter(kernel: str) -> KernelAdapter:
+    """The resolved ``--kernel`` (its factory runs in this process, once): the harness takes its
+    ``spec`` and ``checks`` from it, while the calls run in the kernel's worker."""
+    try:
+        return resolve(kernel)
+    except ValueError as error:
+        message = str(error)
+    pytest.fail(f"--kernel: {message}", pytrace=False)  # outside the except: one line, no chain
+
+
+def kernel_spec(kernel: str) -> KernelSpec:
+    """The declaration of a ``--kernel`` name: what parametrization needs (device, sweep). A
+    GPU built-in without CUDA is not loaded (its package may be missing): it stands as a spec
+    declaring every mask kind, so its tests are listed and skip with the reason."""
+    if kernel in GPU_BUILTIN and not cuda_available()[0]:
+        return KernelSpec(name=kernel, mask_kinds=MASK_KINDS, device="cuda")
+    return _adapter(kernel).spec
+
+
+def _chosen_kernels(config: pytest.Config) -> list[str]:
+    """``--kernel``, else the GPU built-ins (all of them listed, skipped, without a GPU) and,
+    without a GPU, the CPU ``streaming-fa``."""
+    chosen = config.getoption("--kernel")
+    if chosen:
+        return list(dict.fromkeys(chosen))
+    gpus = default_kernels(has_gpu=True) or list(GPU_BUILTIN)
+    return gpus if cuda_available()[0] else [*gpus, *default_kernels(has_gpu=False)]
+
+
+def _kernel_param(kernel: str, *values: str) -> object:
+    """The ``kernel`` marker, and ``cpu`` or ``gpu`` by the kernel's declared device."""
+    device = pytest.mark.cpu if kernel_spec(kernel).device == "cpu" else pytest.mark.gpu
+    return pytest.param(kernel, *values, marks=[pytest.mark.kernel, device])
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "kernel" in metafunc.fixturenames:
-        # Without a GPU every gpu test is skipped; list all built-ins so the skips show.
-        chosen = metafunc.config.getoption("--kernel") or default_kernels(has_gpu=True)
-        chosen = chosen or list(GPU_BUILTIN)
-        metafunc.parametrize("kernel", chosen)
+    if "kernel" not in metafunc.fixturenames:
+        return
+    kernels = _chosen_kernels(metafunc.config)
+    if "distribution" in metafunc.fixturenames:
+        pairs = [(k, *pair) for k in kernels for pair in sweep(kernel_spec(k))]
+        params = [_kernel_param(*triple) for triple in pairs]
+        ids = [f"{k}-{d}-{m}" for k, d, m in pairs]
+        metafunc.parametrize(("kernel", "distribution", "mask_kind"), params, ids=ids)
+    else:
+        metafunc.parametrize("kernel", [_kernel_param(k) for k in kernels], ids=kernels)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -45,23 +105,80 @@ def _worker(kernel: str) -> IsolatedKernel:
     return _WORKERS[kernel]
 
 
-@given(data=st.data())
-def test_kernel_passes_every_check(
-    kernel: str, data: st.DataObject, request: pytest.FixtureRequest
-) -> None:
+def _settings_for(spec: KernelSpec, max_examples: int | None = None) -> settings:
+    """The profile's settings, quiet (Hypothesis would print the drawn case with its arrays: the
+    failure message carries a compact summary instead), without the example database (a
+    kernel's cases come from its seed), at most :data:`CPU_MAX_EXAMPLES` for a CPU kernel."""
+    examples = settings.default.max_examples if max_examples is None else max_examples
+    if spec.device == "cpu":
+        examples = min(examples, CPU_MAX_EXAMPLES)
+    return settings(
+        settings.default, verbosity=Verbosity.quiet, database=None, max_examples=examples
+    )
+
+
+def _max_len(spec: KernelSpec) -> int:
+    """GPU kernels: four K blocks and one key; CPU kernels: two K blocks and one key."""
+    blocks = 4 if spec.device == "cuda" else 2
+    return min(blocks * spec.tile_n + 1, spec.max_seqlen)
+
+
+def _run_property(
+    kernel: str,
+    config: pytest.Config,
+    strategy: st.SearchStrategy[AttentionCase],
+    chosen: settings,
+) -> list[AttentionCase]:
+    """Check every case ``strategy`` draws under ``chosen``, seeded for ``kernel`` from the
+    run's seed (:func:`kernel_seed`); returns the cases that ran (declined ones excluded). A
+    finding fails with the compact summary and the saved case's replay command (at most a few
+    cases saved per test, the shrunk one always)."""
+    __tracebackhide__ = True
+    adapter = _adapter(kernel)
+    ran: list[AttentionCase] = []
+
+    @chosen
+    @given(case=strategy)
+    def check(case: AttentionCase) -> None:
+        __tracebackhide__ = True  # pytest would print the case's arrays as this frame's argument
+        verdict = run_case(adapter, case, isolated=_worker(kernel))
+        assume(verdict.skipped is None)  # declined by the kernel at run time
+        ran.append(case)
+        with reproducer_on_failure(case):
+            verdict.raise_for()
+
+    derived = kernel_seed(config, kernel)
+    (check if derived is None else seed(derived)(check))()
+    return ran
+
+
+def test_kernel_passes_every_check(kernel: str, request: pytest.FixtureRequest) -> None:
     """Every generated case inside the kernel's declaration passes every applicable check."""
-    adapter = resolve(kernel)
-    case = data.draw(
-        attention_cases(spec=adapter.spec, max_len=4 * adapter.spec.tile_n + 1), label="case"
+    spec = kernel_spec(kernel)
+    strategy = attention_cases(spec=spec, max_len=_max_len(spec))
+    _run_property(kernel, request.config, strategy, _settings_for(spec))
+
+
+def test_kernel_sweep_passes_every_check(
+    kernel: str, distribution: str, mask_kind: str, request: pytest.FixtureRequest
+) -> None:
+    """One (distribution, mask kind) pair of the kernel's sweep: together the pairs put every
+    score distribution and every declared mask kind in front of the kernel in every run."""
+    spec = kernel_spec(kernel)
+    required = () if mask_kind == "none" else (mask_kind,)
+    strategy = attention_cases(
+        spec=spec,
+        max_len=_max_len(spec),
+        distributions=[distribution],
+        required_mask_kinds=required,
     )
-    verdict = run_case(
-        adapter,
-        case,
-        isolated=_worker(kernel),
-        finding_dir=request.config.getoption("--report-dir"),
+    ran = _run_property(
+        kernel, request.config, strategy, _settings_for(spec, max_examples=SWEEP_EXAMPLES)
     )
-    assume(verdict.skipped is None)  # declined by the kernel at run time (counted by the bench)
-    verdict.raise_for()
+    assert ran, f"{kernel} declined every {distribution} x {mask_kind} case drawn"
+    for case in ran:  # the pair was really drawn (the sweep's coverage claim)
+        drawn = coverage_key(case)[2]
+        assert drawn == distribution and set(required) <= case.mask.kinds, case.describe()
 
 
 def _ramp_case(
@@ -89,6 +206,7 @@ _TRIGGERS = {
 }
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("variant", BROKEN)
 def test_broken_triton_kernel_is_caught_by_its_check(variant: str) -> None:
     """The deliberately broken kernel fails exactly its named check and no other; the correct one

@@ -76,16 +76,23 @@ def _masks(
     tile_m: int,
     tile_n: int,
     key_padding: bool,
+    required: frozenset[str],
 ) -> Mask:
-    base = draw(st.sampled_from(["none", *sorted(kinds & {"causal", "window"})]))
+    # A required kind skips its coin flip, so draws without requirements are unchanged.
+    if required & {"causal", "window"}:
+        base = "causal" if "causal" in required else "window"
+    else:
+        base = draw(st.sampled_from(["none", *sorted(kinds & {"causal", "window"})]))
     causal = base == "causal"
     left = right = None
-    if base == "window" or (causal and "window" in kinds and draw(st.booleans())):
+    if base == "window" or (
+        causal and "window" in kinds and ("window" in required or draw(st.booleans()))
+    ):
         sides = draw(st.sampled_from(["left", "right", "both"]))
         left = draw(_window_sizes(tile_n)) if sides in ("left", "both") else None
         right = draw(_window_sizes(tile_n)) if sides in ("right", "both") else None
     q_lengths = k_lengths = None
-    if key_padding or ("varlen" in kinds and draw(st.booleans())):
+    if key_padding or ("varlen" in kinds and ("varlen" in required or draw(st.booleans()))):
         which = draw(st.sampled_from(["both", "keys", "queries"]))
         if which != "keys":
             q_len = tile_aware_lengths(tile=tile_m, max_len=shape.Sq)
@@ -96,7 +103,7 @@ def _masks(
             if key_padding:  # the case model allows non-finite values only in padding
                 k_lengths[0] = min(k_lengths[0], shape.Sk - 1)
     explicit = None
-    if "explicit" in kinds and draw(st.integers(0, 3)) == 0:
+    if "explicit" in kinds and ("explicit" in required or draw(st.integers(0, 3)) == 0):
         seed = draw(st.integers(0, 2**32 - 1))
         explicit = _explicit_mask(seed, shape, tile_m, tile_n, per_head=draw(st.booleans()))
     alignment = draw(st.sampled_from(alignments))
@@ -125,6 +132,7 @@ def masks(
     tile_m: int = 128,
     tile_n: int = 128,
     key_padding: bool = False,
+    required: Collection[str] = (),
 ) -> st.SearchStrategy[Mask]:
     """Masks for ``shape`` using only ``kinds`` (subset of {causal, window, varlen, explicit}).
 
@@ -134,6 +142,7 @@ def masks(
     * varlen: per-batch ``q_lengths`` / ``k_lengths`` around tile multiples, zero included.
     * explicit: random visibility with fully masked rows, key columns and one fully masked tile.
     * ``key_padding=True`` forces ``k_lengths[0] < Sk`` so padding exists (for NaN/Inf there).
+    * ``required``: kinds every mask uses (a subset of ``kinds``), e.g. for a coverage sweep.
 
     Bug classes: causal off by one, wrong alignment, window bounds, empty rows (NaN from
     ``-inf - -inf``), padding read, masks applied per tile. Shrinks to no mask.
@@ -151,4 +160,7 @@ def masks(
             raise ValueError(f"{name}={value!r} must be an int >= 1")
     if key_padding and (shape.Sk < 1 or "varlen" not in kinds):
         raise ValueError("key_padding=True needs Sk >= 1 and 'varlen' in kinds")
-    return _masks(shape, kinds, alignments, kernel_alignment, tile_m, tile_n, key_padding)
+    required = frozenset(required)
+    if not required <= kinds:
+        raise ValueError(f"required={sorted(required)} must be a subset of kinds={sorted(kinds)}")
+    return _masks(shape, kinds, alignments, kernel_alignment, tile_m, tile_n, key_padding, required)
