@@ -6,10 +6,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from attention_crossval.kernel.spec import KernelSpec
 from attention_crossval.reference.case import AttentionResult
 from attention_crossval.reference.precision import StreamingPrecision
+
+if TYPE_CHECKING:  # kernel.spec imports this module (through kernel.known_findings)
+    from attention_crossval.kernel.spec import KernelSpec
 
 CHECKS = (
     "error",

@@ -24,7 +24,8 @@ from hypothesis import strategies as st
 
 from attention_crossval.kernel.gpu_workers import cuda_available
 from attention_crossval.kernel.harness import CheckFailed, IsolatedKernel, run_case
-from attention_crossval.kernel.registry import GPU_BUILTIN, default_kernels, resolve
+from attention_crossval.kernel.known_findings import run_with_known, xfail_if_known
+from attention_crossval.kernel.registry import GPU_BUILTIN, IN_PROCESS, default_kernels, resolve
 from attention_crossval.kernel.spec import MASK_KINDS, KernelAdapter, KernelSpec
 from attention_crossval.properties.coverage import coverage_key, sweep
 from attention_crossval.properties.replay import reproducer_on_failure
@@ -42,15 +43,25 @@ SWEEP_EXAMPLES = 2
 _WORKERS: dict[str, IsolatedKernel] = {}
 
 
-@functools.cache
 def _adapter(kernel: str) -> KernelAdapter:
-    """The resolved ``--kernel`` (its factory runs in this process, once): the harness takes its
-    ``spec`` and ``checks`` from it, while the calls run in the kernel's worker."""
+    """The ``--kernel`` under test. In-process built-ins (``registry.IN_PROCESS``) are resolved
+    here; every other kernel is its worker (an ``IsolatedKernel`` is itself an adapter), so its
+    module, factory and calls run there and never in pytest's process. A kernel that cannot load
+    fails the test with one line."""
     try:
-        return resolve(kernel)
+        if kernel in IN_PROCESS:
+            return _resolved(kernel)
+        worker = _worker(kernel)
+        _ = worker.spec  # the handshake: a factory that raises, exits, crashes or hangs fails here
+        return worker
     except ValueError as error:
         message = str(error)
     pytest.fail(f"--kernel: {message}", pytrace=False)  # outside the except: one line, no chain
+
+
+@functools.cache
+def _resolved(kernel: str) -> KernelAdapter:
+    return resolve(kernel)
 
 
 def kernel_spec(kernel: str) -> KernelSpec:
@@ -141,8 +152,9 @@ def _run_property(
     @given(case=strategy)
     def check(case: AttentionCase) -> None:
         __tracebackhide__ = True  # pytest would print the case's arrays as this frame's argument
-        verdict = run_case(adapter, case, isolated=_worker(kernel))
+        verdict = run_with_known(adapter, case)
         assume(verdict.skipped is None)  # declined by the kernel at run time
+        xfail_if_known(verdict, adapter.spec, case)  # inside Hypothesis: the example is rejected
         ran.append(case)
         with reproducer_on_failure(case):
             verdict.raise_for()
