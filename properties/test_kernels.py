@@ -15,19 +15,24 @@ per kernel from the run's seed (``kernel_seed``).
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 import pytest
 from hypothesis import Verbosity, assume, given, seed, settings
 from hypothesis import strategies as st
 
-from attention_crossval.kernel.gpu_workers import cuda_available
-from attention_crossval.kernel.harness import CheckFailed, IsolatedKernel, run_case
+from attention_crossval.kernel.harness import CheckFailed, run_case
 from attention_crossval.kernel.known_findings import run_with_known, xfail_if_known
-from attention_crossval.kernel.registry import GPU_BUILTIN, IN_PROCESS, default_kernels, resolve
-from attention_crossval.kernel.spec import MASK_KINDS, KernelAdapter, KernelSpec
+from attention_crossval.kernel.registry import resolve
+from attention_crossval.kernel.spec import KernelSpec
 from attention_crossval.properties.coverage import coverage_key, sweep
+from attention_crossval.properties.kernels_under_test import (
+    chosen_kernels,
+    close_workers,
+    kernel_adapter,
+    kernel_param,
+    kernel_spec,
+    worker,
+)
 from attention_crossval.properties.replay import reproducer_on_failure
 from attention_crossval.properties.strategies import attention_cases
 from attention_crossval.pytest_plugin import kernel_seed
@@ -40,80 +45,24 @@ BROKEN = ("no_rescale", "oob_write", "skip_last_tile", "read_padding")
 CPU_MAX_EXAMPLES = 30
 # Per sweep pair: Hypothesis' simplest case first, then one drawn from the kernel's seed.
 SWEEP_EXAMPLES = 2
-_WORKERS: dict[str, IsolatedKernel] = {}
-
-
-def _adapter(kernel: str) -> KernelAdapter:
-    """The ``--kernel`` under test. In-process built-ins (``registry.IN_PROCESS``) are resolved
-    here; every other kernel is its worker (an ``IsolatedKernel`` is itself an adapter), so its
-    module, factory and calls run there and never in pytest's process. A kernel that cannot load
-    fails the test with one line."""
-    try:
-        if kernel in IN_PROCESS:
-            return _resolved(kernel)
-        worker = _worker(kernel)
-        _ = worker.spec  # the handshake: a factory that raises, exits, crashes or hangs fails here
-        return worker
-    except ValueError as error:
-        message = str(error)
-    pytest.fail(f"--kernel: {message}", pytrace=False)  # outside the except: one line, no chain
-
-
-@functools.cache
-def _resolved(kernel: str) -> KernelAdapter:
-    return resolve(kernel)
-
-
-def kernel_spec(kernel: str) -> KernelSpec:
-    """The declaration of a ``--kernel`` name: what parametrization needs (device, sweep). A
-    GPU built-in without CUDA is not loaded (its package may be missing): it stands as a spec
-    declaring every mask kind, so its tests are listed and skip with the reason."""
-    if kernel in GPU_BUILTIN and not cuda_available()[0]:
-        return KernelSpec(name=kernel, mask_kinds=MASK_KINDS, device="cuda")
-    return _adapter(kernel).spec
-
-
-def _chosen_kernels(config: pytest.Config) -> list[str]:
-    """``--kernel``, else the GPU built-ins (all of them listed, skipped, without a GPU) and,
-    without a GPU, the CPU ``streaming-fa``."""
-    chosen = config.getoption("--kernel")
-    if chosen:
-        return list(dict.fromkeys(chosen))
-    gpus = default_kernels(has_gpu=True) or list(GPU_BUILTIN)
-    return gpus if cuda_available()[0] else [*gpus, *default_kernels(has_gpu=False)]
-
-
-def _kernel_param(kernel: str, *values: str) -> object:
-    """The ``kernel`` marker, and ``cpu`` or ``gpu`` by the kernel's declared device."""
-    device = pytest.mark.cpu if kernel_spec(kernel).device == "cpu" else pytest.mark.gpu
-    return pytest.param(kernel, *values, marks=[pytest.mark.kernel, device])
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "kernel" not in metafunc.fixturenames:
         return
-    kernels = _chosen_kernels(metafunc.config)
+    kernels = chosen_kernels(metafunc.config)
     if "distribution" in metafunc.fixturenames:
         pairs = [(k, *pair) for k in kernels for pair in sweep(kernel_spec(k))]
-        params = [_kernel_param(*triple) for triple in pairs]
-        ids = [f"{k}-{d}-{m}" for k, d, m in pairs]
-        metafunc.parametrize(("kernel", "distribution", "mask_kind"), params, ids=ids)
+        params = [kernel_param(k, d, m, id=f"{k}-{d}-{m}") for k, d, m in pairs]
+        metafunc.parametrize(("kernel", "distribution", "mask_kind"), params)
     else:
-        metafunc.parametrize("kernel", [_kernel_param(k) for k in kernels], ids=kernels)
+        metafunc.parametrize("kernel", [kernel_param(k, id=k) for k in kernels])
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _close_workers():
     yield
-    for worker in _WORKERS.values():
-        worker.close()
-    _WORKERS.clear()
-
-
-def _worker(kernel: str) -> IsolatedKernel:
-    if kernel not in _WORKERS:
-        _WORKERS[kernel] = IsolatedKernel(kernel, timeout_s=300.0)
-    return _WORKERS[kernel]
+    close_workers()
 
 
 def _settings_for(spec: KernelSpec, max_examples: int | None = None) -> settings:
@@ -145,7 +94,7 @@ def _run_property(
     finding fails with the compact summary and the saved case's replay command (at most a few
     cases saved per test, the shrunk one always)."""
     __tracebackhide__ = True
-    adapter = _adapter(kernel)
+    adapter = kernel_adapter(kernel)
     ran: list[AttentionCase] = []
 
     @chosen
@@ -226,7 +175,7 @@ def test_broken_triton_kernel_is_caught_by_its_check(variant: str) -> None:
     case = _TRIGGERS[variant]()
     broken = resolve(f"attention_crossval.kernel.broken.triton_fa:{variant}")
     verdict = run_case(
-        broken, case, isolated=_worker(f"attention_crossval.kernel.broken.triton_fa:{variant}")
+        broken, case, isolated=worker(f"attention_crossval.kernel.broken.triton_fa:{variant}")
     )
     assert {f.check for f in verdict.findings} == {broken.expected_check}, verdict.findings
     with pytest.raises(CheckFailed, match=f"^{broken.expected_check}:"):
@@ -234,6 +183,6 @@ def test_broken_triton_kernel_is_caught_by_its_check(variant: str) -> None:
     baseline = run_case(
         resolve("attention_crossval.kernel.broken.triton_fa:correct"),
         case,
-        isolated=_worker("attention_crossval.kernel.broken.triton_fa:correct"),
+        isolated=worker("attention_crossval.kernel.broken.triton_fa:correct"),
     )
     baseline.raise_for()

@@ -9,9 +9,15 @@ from __future__ import annotations
 
 import pytest
 
-from attention_crossval.kernel.harness import CheckFailed, IsolatedKernel, run_case
+from attention_crossval.kernel.harness import CheckFailed, run_case
 from attention_crossval.kernel.known_findings import trigger_case
-from attention_crossval.kernel.registry import GPU_BUILTIN, resolve
+from attention_crossval.kernel.registry import GPU_BUILTIN
+from attention_crossval.properties.kernels_under_test import (
+    close_workers,
+    kernel_adapter,
+    kernel_param,
+    kernel_spec,
+)
 
 CPU_KNOWN = "attention_crossval.kernel.broken.cpu_known"
 DEFAULT_KERNELS = (*GPU_BUILTIN, f"{CPU_KNOWN}:hidden_rows", f"{CPU_KNOWN}:reads_padding")
@@ -22,25 +28,29 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         return
     params = []
     for name in metafunc.config.getoption("--kernel") or DEFAULT_KERNELS:
-        spec = resolve(name).spec
-        device = pytest.mark.gpu if spec.device == "cuda" else pytest.mark.cpu
+        spec = kernel_spec(name)
         for index, known in enumerate(spec.known_findings):
             expected = pytest.mark.xfail(strict=True, raises=CheckFailed, reason=str(known))
-            marks = [pytest.mark.kernel, device, expected]
-            params.append(pytest.param(name, index, marks=marks, id=f"{spec.name}-{known.check}"))
+            params.append(
+                kernel_param(name, index, marks=(expected,), id=f"{spec.name}-{known.check}")
+            )
+    if not params:  # no kernel under test declares a known finding: one visible skip
+        skip = pytest.mark.skip(reason="no kernel under test declares a known finding")
+        params = [pytest.param(None, None, marks=[pytest.mark.cpu, skip])]
     metafunc.parametrize(("known_kernel", "known_index"), params)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_workers():
+    yield
+    close_workers()
 
 
 def test_known_finding_still_reproduces(known_kernel: str, known_index: int) -> None:
     """The known check passes on its trigger case: false (xfail) until the kernel is fixed."""
-    adapter = resolve(known_kernel)
+    adapter = kernel_adapter(known_kernel)
     known = adapter.spec.known_findings[known_index]
-    isolated = IsolatedKernel(known_kernel) if adapter.spec.device == "cuda" else None
-    try:
-        verdict = run_case(adapter, trigger_case(adapter.spec, known), isolated=isolated)
-    finally:
-        if isolated is not None:
-            isolated.close()
+    verdict = run_case(adapter, trigger_case(adapter.spec, known))
     if verdict.skipped is not None:
         pytest.skip(f"trigger case skipped: {verdict.skipped}")
     verdict.raise_for(known.check)

@@ -24,9 +24,9 @@ from hypothesis import strategies as st
 
 from attention_crossval.kernel.harness import run_case
 from attention_crossval.kernel.registry import resolve
-from attention_crossval.properties.test_kernels import (  # noqa: F401 - _close_workers: autouse fixture, reused
+from attention_crossval.properties.kernels_under_test import worker
+from attention_crossval.properties.test_kernels import (  # noqa: F401 - autouse fixture, reused
     _close_workers,
-    _worker,
 )
 from attention_crossval.properties.test_kernels import (
     test_kernel_passes_every_check as _kernel_property,
@@ -246,7 +246,7 @@ def test_own_sm90_targeted_cases(name: str) -> None:
     """Each case exercises one part of the kernel (rescale, residue mask, causal mask, empty
     rows, partial tiles) under every harness check."""
     case = TARGETED[name]()
-    verdict = run_case(resolve("own-sm90"), case, isolated=_worker("own-sm90"))
+    verdict = run_case(resolve("own-sm90"), case, isolated=worker("own-sm90"))
     assert verdict.skipped is None, verdict.skipped
     verdict.raise_for()
 

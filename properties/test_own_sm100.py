@@ -23,9 +23,9 @@ import pytest
 
 from attention_crossval.kernel.harness import run_case
 from attention_crossval.kernel.registry import resolve
-from attention_crossval.properties.test_kernels import (  # noqa: F401 - _close_workers: autouse fixture, reused
+from attention_crossval.properties.kernels_under_test import worker
+from attention_crossval.properties.test_kernels import (  # noqa: F401 - autouse fixture, reused
     _close_workers,
-    _worker,
 )
 from attention_crossval.properties.test_kernels import (
     test_kernel_passes_every_check as _kernel_property,
@@ -196,7 +196,7 @@ def test_own_sm100_targeted_cases(name: str) -> None:
     """The SM90 kernel's targeted cases (rescale, residue, causal, empty rows, partial tiles)
     under every harness check. Skipped everywhere so far: no Blackwell GPU."""
     case = TARGETED[name]()
-    verdict = run_case(resolve("own-sm100"), case, isolated=_worker("own-sm100"))
+    verdict = run_case(resolve("own-sm100"), case, isolated=worker("own-sm100"))
     assert verdict.skipped is None, verdict.skipped
     verdict.raise_for()
 
