@@ -1,20 +1,22 @@
 """A kernel in a spawned worker process: a crash, hang or CUDA error ends the worker, not the run.
 
 The worker resolves the kernel, says it is ready, then answers ``("run", case, prefill)``
-messages. Its start (spawn, imports, kernel set-up) has its own limit, ``start_timeout_s``, so
-the per-call ``timeout_s`` measures the kernel alone: a slow start under load is never
-misreported as a hang.
+(forward) and ``("backward", case, prefill)`` messages. Its start (spawn, imports, kernel
+set-up) has its own limit, ``start_timeout_s``, so the per-call ``timeout_s`` measures the
+kernel alone: a slow start under load is never misreported as a hang.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from attention_crossval.kernel.spec import KernelAdapter
 from attention_crossval.reference.case import AttentionCase, AttentionResult
+from attention_crossval.reference.gradients import Gradients
 
 
 class Declined(Exception):
@@ -50,14 +52,23 @@ def _worker_main(kernel: str, conn: Any) -> None:
         message = conn.recv()
         if message is None:
             return
-        _, case, prefill = message
+        method, case, prefill = message
         try:
-            result, writes = execute(adapter, case, prefill)
-            conn.send(("ok", result.o, result.lse, writes))
+            result, writes = _method(method)(adapter, case, prefill)
+            conn.send(("ok", result, writes))
         except Declined as declined:
             conn.send(("declined", str(declined), ""))
         except Exception as error:  # noqa: BLE001 - any kernel error is a finding, reported back
             conn.send(("error", f"{type(error).__name__}: {error}", traceback.format_exc(limit=4)))
+
+
+def _method(name: str) -> Callable[[Any, Any, str], tuple[Any, tuple[str, ...]]]:
+    """What a worker message runs: the forward (``run``) or the backward (``backward``)."""
+    if name == "backward":
+        from attention_crossval.kernel.harness_backward import execute_backward
+
+        return execute_backward
+    return execute
 
 
 @dataclass
@@ -79,11 +90,14 @@ class IsolatedKernel:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"{name}={value!r} must be a number of seconds > 0")
 
-    def call(self, case: AttentionCase, prefill: str) -> tuple[AttentionResult, tuple[str, ...]]:
-        """Run ``case`` in the worker (started first if needed) and return its answer."""
+    def call(
+        self, case: Any, prefill: str, *, method: str = "run"
+    ) -> tuple[AttentionResult | Gradients, tuple[str, ...]]:
+        """Run ``case`` in the worker (started first if needed) and return its answer:
+        ``method`` "run" is the forward, "backward" the backward (a ``BackwardCase``)."""
         if self._process is None or not self._process.is_alive():
             self._start()
-        reply = self._request(("run", case, prefill), self.timeout_s, "hang")
+        reply = self._request((method, case, prefill), self.timeout_s, "hang")
         if reply[0] == "declined":
             raise Declined(reply[1])
         if reply[0] == "error":
@@ -92,8 +106,8 @@ class IsolatedKernel:
             ):
                 self.close(kill=True)  # the CUDA context may be corrupt: next call gets a fresh one
             raise KernelCrashed("error", f"{reply[1]}\n{reply[2]}")
-        _, o, lse, writes = reply
-        return AttentionResult(o=o, lse=lse), writes
+        _, result, writes = reply
+        return result, writes
 
     def _request(self, message: tuple | None, timeout_s: float, what: str) -> tuple:
         """Send ``message`` (None: only wait) and receive the reply within ``timeout_s``."""
