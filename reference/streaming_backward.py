@@ -39,28 +39,27 @@ class BackwardTraceRecorder:
     def start(self, case: BackwardCase) -> None:
         """Called once before the first block."""
 
-    def block(self, b: int, h: int, rows: slice, P: np.ndarray, dS: np.ndarray) -> None:
-        """Called with the unrounded P and dS of one (K block, Q block) tile."""
+    def block(
+        self, b: int, h: int, rows: slice, P: np.ndarray, dP: np.ndarray, dS: np.ndarray
+    ) -> None:
+        """Called with the unrounded P, dP and dS of one (K block, Q block) tile."""
 
 
 class RowSumTrace(BackwardTraceRecorder):
     """Row sums over every visited tile, so a property can check the softmax identities
     ``sum_j P_ij = 1`` (P recomputed from the right LSE) and ``sum_j dS_ij = 0`` (the D term).
 
-    Fields after a run, each ``float64 [B, Hq, Sq]``: ``p_sum``, ``ds_sum``, and ``ds_abs_sum``
-    (the scale against which ``ds_sum`` is judged).
+    Fields after a run, each ``float64 [B, Hq, Sq]``: ``p_sum`` and ``ds_sum``.
     """
 
     def start(self, case: BackwardCase) -> None:
         shape = (case.forward.B, case.forward.Hq, case.forward.Sq)
         self.p_sum = np.zeros(shape)
         self.ds_sum = np.zeros(shape)
-        self.ds_abs_sum = np.zeros(shape)
 
-    def block(self, b, h, rows, P, dS) -> None:
+    def block(self, b, h, rows, P, dP, dS) -> None:
         self.p_sum[b, h, rows] += P.sum(axis=1, dtype=np.float64)
         self.ds_sum[b, h, rows] += dS.sum(axis=1, dtype=np.float64)
-        self.ds_abs_sum[b, h, rows] += np.abs(dS).sum(axis=1, dtype=np.float64)
 
 
 _NO_TRACE = BackwardTraceRecorder()
@@ -176,7 +175,7 @@ def _backward_kv_block(
         dS_mma = round_to(dS, precision.ds_dtype or acc.name).astype(acc)  # dS as fed to MMAs
         dK += dS_mma.T @ Q  # dK += dS^T Q
         dQ[rows] += dS_mma @ K  # dQ += dS K (this K block's partial, in dq_order)
-        trace.block(b, h, rows, P, dS)
+        trace.block(b, h, rows, P, dP, dS)
     return dK, dV
 
 
