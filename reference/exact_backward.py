@@ -179,7 +179,8 @@ class _FixedExp:
     @property
     def delta(self) -> float:
         """Bound on ``|W~ - p|`` (units of 1): ``K`` table roundings of at most one unit of
-        ``2^-G`` each, ``K - 1`` truncated products, and a quarter unit for gaps past the cap."""
+        ``2^-G`` each, ``K - 1`` truncated products of ``1 + L^2 2^-28`` units (``L <= 36``),
+        and a quarter unit for gaps past the cap: below ``2K`` units."""
         return 2 * self.chunks * 2.0**-self.fraction_bits
 
     def weights(self, gaps: np.ndarray, seen: np.ndarray) -> np.ndarray:
@@ -192,7 +193,9 @@ class _FixedExp:
         product = None
         for k in range(self.chunks):
             index = ((gaps >> (k * self.chunk_bits)) & mask).astype(np.int64)
-            self._fill(k, np.unique(index[live]))
+            wanted = np.zeros(1 << self.chunk_bits, dtype=bool)
+            wanted[index[live]] = True
+            self._fill(k, np.flatnonzero(wanted & ~self.known[k]))
             factor = self.tables[k][:, index]
             product = factor if product is None else _multiply_fixed(product, factor)
         return np.where(live, product, 0)
@@ -201,7 +204,7 @@ class _FixedExp:
         """Table ``k`` at ``entries``: ``round(exp(-c t 2^(e_s + b k)) 2^G)``, from ``exp_fixed``
         at ``G + 32`` bits (0 when below ``2^-(G+2)``)."""
         G, shift = self.fraction_bits, self.arg_exp + k * self.chunk_bits + self.guard
-        for t in entries[~self.known[k, entries]]:
+        for t in entries:
             arg = self.scale_man * int(t)
             arg = arg << shift if shift >= 0 else arg >> -shift
             if not t:
@@ -225,18 +228,20 @@ def _split_int(value: int, limbs: int) -> list[int]:
 
 
 def _multiply_fixed(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``floor(a b 2^-G)`` of two ``[L, ...]`` limb arrays holding values in ``[0, 1]``."""
+    """``a b`` truncated to ``G`` fraction bits, for ``[L, ...]`` limb arrays of values in
+    ``[0, 1]``: at most ``1 + L^2 2^-28`` units of ``2^-G`` below the exact product, as the
+    limb products under ``2^(_W_BITS (L - 2))`` (each below ``2^-28`` units) are dropped."""
     L = a.shape[0]
-    columns = np.zeros((2 * L - 1, *a.shape[1:]), np.int64)
+    columns = np.zeros((L + 1, *a.shape[1:]), np.int64)  # columns L-2 .. 2L-2 of the product
     for i in range(L):
-        for j in range(L):
-            columns[i + j] += a[i] * b[j]
+        for j in range(max(0, L - 2 - i), L):
+            columns[i + j - (L - 2)] += a[i] * b[j]
     out = np.empty_like(a)
     carry = np.zeros(a.shape[1:], np.int64)
-    for k in range(2 * L - 1):  # propagate carries; keep the digits at and above 2^G
+    for k in range(L + 1):  # propagate carries; keep the digits at and above 2^G
         total = columns[k] + carry
-        if k >= L:
-            out[k - L] = total & ((1 << _W_BITS) - 1)
+        if k >= 2:
+            out[k - 2] = total & ((1 << _W_BITS) - 1)
         carry = total >> _W_BITS
     out[L - 1] = carry
     return out
@@ -258,22 +263,23 @@ def _split(b: np.ndarray, terms: int, a_bits: int) -> _IntMatrix:
     return _to_limbs(b, -(-width // count), count)
 
 
-def _int_matmul(a_limbs: np.ndarray, a_shift: int, a_bits: int, b: np.ndarray) -> tuple:
-    """Exact ``A @ b.T``: ``A = sum_l a_limbs[l] 2^(a_shift l)`` (``[na, r, n]``, each limb below
-    ``2^a_bits`` in magnitude), ``b`` dyadic float64 ``[m, n]``. Returns (Python ints ``[r, m]``,
-    the exponent of b's integer form)."""
+def _int_matmul(a_limbs: np.ndarray, a_shift: int, b_int: _IntMatrix) -> np.ndarray:
+    """Exact ``A @ B.T`` as Python ints ``[r, m]``: ``A = sum_l a_limbs[l] 2^(a_shift l)``
+    (``[na, r, n]``), ``B`` the integer form of a matrix split by :func:`_split` for these
+    limbs (its exponent is the caller's)."""
     na, r, n = a_limbs.shape
-    b_int = _split(b, n, a_bits)
     nb, m = b_int.limbs.shape[:2]
     products = a_limbs.reshape(na * r, n) @ b_int.limbs.reshape(nb * m, n).T
-    return _combine(products.reshape(na, r, nb, m), a_shift, b_int.width), b_int.exponent
+    return _combine(products.reshape(na, r, nb, m), a_shift, b_int.width)
 
 
-def _signed_matmul(ints: np.ndarray, b: np.ndarray) -> tuple:
-    """Exact ``ints @ b.T`` for a Python-int matrix ``ints`` ``[r, n]`` and dyadic ``b``."""
+def _signed_matmul(ints: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, int]:
+    """Exact ``ints @ b.T`` for a Python-int matrix ``ints`` ``[r, n]`` and dyadic ``b``:
+    (Python ints ``[r, m]``, the exponent of b's integer form)."""
     bits = max((int(x).bit_length() for x in ints.flat), default=0)
     limbs = int_limbs([int(x) for x in ints.flat], ints.shape, bits, signed=True)
-    return _int_matmul(limbs, _P_LIMB_BITS, _P_LIMB_BITS, b)
+    b_int = _split(b, ints.shape[1], _P_LIMB_BITS)
+    return _int_matmul(limbs, _P_LIMB_BITS, b_int), b_int.exponent
 
 
 def _round_div(numerator: np.ndarray, denominator: np.ndarray) -> np.ndarray:
@@ -411,7 +417,7 @@ def _row_statistics(group: _Group, prec_bits: int) -> _RowStats:
     do_int = _to_limbs(group.do, _bit_width(group.do), 1)  # dO as exact integers, one limb
     do_ints = np.frompyfunc(int, 1, 1)(do_int.limbs[0])
     row_max, row_sum, numerator, w_rows, w_cols = [], [], [], [], []
-    v_exponent = 0
+    v_int = _split(group.v.T, C, _W_BITS + 1)  # a weight limb is at most 2^28: 29 bits
     block = max(1, _ROW_CHUNK_ENTRIES // max(C, 1))
     for r0 in range(0, R, block):
         rs = slice(r0, min(r0 + block, R))
@@ -420,7 +426,7 @@ def _row_statistics(group: _Group, prec_bits: int) -> _RowStats:
         w = exp.weights(m[:, None] - scores, seen[rs])
         row_max += [int(x) for x in m]
         row_sum += list(_limbs_to_ints(w.sum(axis=2)))
-        wv, v_exponent = _int_matmul(w.astype(np.float64), _W_BITS, _W_BITS + 1, group.v.T)
+        wv = _int_matmul(w.astype(np.float64), _W_BITS, v_int)
         numerator += list((wv * do_ints[rs]).sum(axis=1))
         w_rows.append(_limbs_to_ints(w[:, group.sel_rows[rs]]))
         w_cols.append(_limbs_to_ints(w[:, :, group.sel_cols]))
@@ -428,7 +434,7 @@ def _row_statistics(group: _Group, prec_bits: int) -> _RowStats:
         row_max=row_max,
         row_sum=_object_array(row_sum),
         numerator=_object_array(numerator),
-        numerator_exp=do_int.exponent + v_exponent - exp.fraction_bits,
+        numerator_exp=do_int.exponent + v_int.exponent - exp.fraction_bits,
         w_rows=np.concatenate(w_rows),
         w_cols=np.concatenate(w_cols),
         delta=exp.delta,
