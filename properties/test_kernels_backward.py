@@ -1,0 +1,209 @@
+"""Kernel backward passes (dq, dk, dv) against the references, under the backward harness.
+
+The kernel-suite test is parametrized over ``--kernel`` like ``test_kernels.py`` and marked by
+the kernel's device: the CPU virtual kernel (streaming-fa) runs in the normal ``pytest -m cpu``
+run, GPU kernels under ``-m gpu``. The deliberately broken CPU backward kernels
+(``kernel/broken/cpu_backward_faults.py``) must each be caught by exactly their named checks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from attention_crossval.kernel.broken.cpu_backward_faults import EXPECTED, BrokenBackwardAdapter
+from attention_crossval.kernel.harness import CheckFailed, IsolatedKernel
+from attention_crossval.kernel.harness_backward import (
+    fill_backward_padding,
+    run_backward_case,
+)
+from attention_crossval.kernel.references_backward import float64_gradients
+from attention_crossval.kernel.registry import GPU_BUILTIN, default_kernels, resolve
+from attention_crossval.properties.strategies import backward_cases
+from attention_crossval.reference.case import AttentionCase, Mask
+from attention_crossval.reference.gradients import BackwardCase
+
+_WORKERS: dict[str, IsolatedKernel] = {}
+# flash_attn.cute's backward has a deterministic mode; it is the same kernel, another adapter.
+DETERMINISTIC_CUTE = "attention_crossval.kernel.adapters.flash_attn_cute_backward:deterministic"
+
+
+def _kernel_param(name: str):
+    """``name`` marked ``kernel`` plus ``cpu`` or ``gpu`` by its declared device (a name that
+    does not resolve here, e.g. its package missing, is a GPU kernel: skipped without CUDA)."""
+    try:
+        device = resolve(name).spec.device
+    except ValueError:
+        device = "cuda"
+    mark = pytest.mark.cpu if device == "cpu" else pytest.mark.gpu
+    return pytest.param(name, marks=[pytest.mark.kernel, mark], id=name.rpartition(":")[2])
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "kernel" in metafunc.fixturenames:
+        chosen = metafunc.config.getoption("--kernel")
+        if not chosen:
+            chosen = ["streaming-fa", *(default_kernels(has_gpu=True) or GPU_BUILTIN)]
+            if "flash-attn-cute" in chosen:
+                chosen.append(DETERMINISTIC_CUTE)
+        metafunc.parametrize("kernel", [_kernel_param(name) for name in chosen])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_workers():
+    yield
+    for worker in _WORKERS.values():
+        worker.close()
+    _WORKERS.clear()
+
+
+def _worker(kernel: str) -> IsolatedKernel:
+    if kernel not in _WORKERS:
+        _WORKERS[kernel] = IsolatedKernel(kernel, timeout_s=300.0)
+    return _WORKERS[kernel]
+
+
+@settings(max_examples=10)
+@given(data=st.data())
+def test_kernel_backward_passes_every_check(
+    kernel: str, data: st.DataObject, request: pytest.FixtureRequest
+) -> None:
+    """Every generated backward case inside the kernel's declaration passes every check."""
+    adapter = resolve(kernel)
+    if not adapter.spec.backward:
+        pytest.skip(f"{kernel} declares no backward")
+    spec = adapter.spec
+    cpu = spec.device == "cpu"
+    case = data.draw(
+        backward_cases(spec=spec, max_len=2 * spec.tile_n + 1 if cpu else 4 * spec.tile_n + 1),
+        label="case",
+    )
+    verdict = run_backward_case(
+        adapter,
+        case,
+        isolated=None if cpu else _worker(kernel),
+        samples=1 if cpu else 4,
+        finding_dir=request.config.getoption("--report-dir"),
+    )
+    assume(verdict.skipped is None)  # declined at run time (e.g. an SDPA backend's refusal)
+    verdict.raise_for()
+
+
+def _case(dtype: type = np.float16, *, Hq: int = 4, Hkv: int = 2, D: int = 16) -> BackwardCase:
+    """GQA, varlen (padded rows and keys, five K tiles of 16), causal: every bug shows. dQ's
+    summation order shows in its bits only when they are not rounded to 16 bits: ``atomic_dq``
+    runs on float32."""
+    rng = np.random.default_rng(5)
+    B, Sq, Sk = 2, 20, 70
+    q, k, v = (rng.standard_normal((B, S, H, D)) for S, H in ((Sq, Hq), (Sk, Hkv), (Sk, Hkv)))
+    mask = Mask(causal=True, q_lengths=(20, 5), k_lengths=(70, 19))
+    forward = AttentionCase(*(a.astype(dtype) for a in (q, k, v)), mask=mask)
+    do = rng.standard_normal((B, Sq, Hq, D)).astype(dtype)
+    return BackwardCase(forward, do)
+
+
+def _trigger(bug: str) -> BackwardCase:
+    return _case(np.float32) if bug == "atomic_dq" else _case()
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("bug", sorted(set(EXPECTED) - {"none", "exit"}))
+def test_broken_backward_is_caught_by_exactly_its_checks(bug: str) -> None:
+    """Each deliberately broken backward fails exactly its named checks, and raise_for names
+    them; the unbroken one passes the same case."""
+    verdict = run_backward_case(BrokenBackwardAdapter(bug), _trigger(bug), samples=1)
+    assert {f.check for f in verdict.findings} == EXPECTED[bug], verdict.findings
+    for check in EXPECTED[bug]:
+        with pytest.raises(CheckFailed, match=f"^{check}:"):
+            verdict.raise_for(check)
+
+
+@pytest.mark.cpu
+def test_correct_backward_passes_every_check() -> None:
+    verdict = run_backward_case(BrokenBackwardAdapter("none"), _case(), samples=1)
+    verdict.raise_for()
+    expected = {"unwritten", "output-guard", "padding-read", "determinism", "zero-grad"}
+    assert expected | {"dq-bound", "dk-bound", "dv-bound"} <= verdict.applied
+    assert verdict.run_to_run is not None and verdict.run_to_run.bitwise_equal
+
+
+@pytest.mark.cpu
+def test_bound_failure_carries_the_triage() -> None:
+    verdict = run_backward_case(BrokenBackwardAdapter("missing_d"), _case(), samples=1)
+    with pytest.raises(CheckFailed, match="(?s)^dq-bound:.*kernel implementation bug"):
+        verdict.raise_for("dq-bound")
+
+
+@pytest.mark.cpu
+def test_nondeterministic_backward_is_reported_not_failed() -> None:
+    """A backward declared nondeterministic is held to the bound on every run, and its
+    run-to-run differences are reported."""
+    adapter = BrokenBackwardAdapter("atomic_dq")
+    adapter.spec = dataclasses.replace(adapter.spec, backward_deterministic=False)
+    verdict = run_backward_case(adapter, _trigger("atomic_dq"), samples=1, repeats=3)
+    verdict.raise_for()
+    assert not verdict.run_to_run.required
+    assert verdict.run_to_run.differing > 0 and verdict.run_to_run.max_abs_diff > 0
+
+
+@pytest.mark.cpu
+def test_isolated_backward_crash_is_a_finding_and_the_worker_recovers(tmp_path) -> None:
+    worker = IsolatedKernel(
+        "attention_crossval.kernel.broken.cpu_backward_faults:exit_in_backward", timeout_s=30.0
+    )
+    adapter = BrokenBackwardAdapter("exit")
+    try:
+        verdict = run_backward_case(adapter, _case(), isolated=worker, finding_dir=tmp_path)
+        assert [f.check for f in verdict.findings] == ["crash"]
+        saved = BackwardCase.load(verdict.findings[0].case_path)
+        np.testing.assert_array_equal(saved.do, _case().do)
+        again = run_backward_case(adapter, _case(), isolated=worker, compare=False)
+        assert again.failed("crash")
+    finally:
+        worker.close()
+
+
+@pytest.mark.cpu
+def test_isolated_worker_runs_the_streaming_backward() -> None:
+    worker = IsolatedKernel("streaming-fa", timeout_s=60.0)
+    try:
+        verdict = run_backward_case(resolve("streaming-fa"), _case(), isolated=worker, samples=1)
+        verdict.raise_for()
+        assert {"crash", "timeout"} <= verdict.applied
+    finally:
+        worker.close()
+
+
+@pytest.mark.cpu
+def test_fill_backward_padding_touches_only_padding() -> None:
+    case = _case()
+    poisoned = fill_backward_padding(case, np.nan)
+    assert np.isnan(poisoned.do[1, 5:].astype(np.float32)).all()
+    np.testing.assert_array_equal(poisoned.do[1, :5], case.do[1, :5])
+    assert np.isnan(poisoned.forward.v[1, 19:].astype(np.float32)).all()
+    np.testing.assert_array_equal(poisoned.forward.v[0], case.forward.v[0])
+
+
+@pytest.mark.cpu
+def test_torch_float64_gradients_match_the_streaming_float64_tier(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The chunked dense torch reference (used on the GPU) agrees with the float64 streaming
+    backward on a padded, GQA, causal case, chunks smaller than Sq included."""
+    pytest.importorskip("torch", reason="torch is not installed (CI has none)")
+    from attention_crossval.kernel import references_backward
+
+    case = fill_backward_padding(_case(), np.nan)
+    expected = float64_gradients(case)
+    monkeypatch.setattr(
+        references_backward, "CHUNK_ELEMENTS", 7 * case.forward.Hq * case.forward.Sk
+    )
+    actual = references_backward.torch_float64_gradients(case, device="cpu")
+    for name in ("dq", "dk", "dv"):
+        np.testing.assert_allclose(
+            getattr(actual, name), getattr(expected, name), rtol=1e-12, atol=1e-12
+        )
