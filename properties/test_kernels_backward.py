@@ -23,9 +23,11 @@ from attention_crossval.kernel.harness_backward import (
 )
 from attention_crossval.kernel.references_backward import float64_gradients
 from attention_crossval.kernel.registry import GPU_BUILTIN, default_kernels, resolve
+from attention_crossval.kernel.spec import KernelSpec
 from attention_crossval.properties.strategies import backward_cases
-from attention_crossval.reference.case import AttentionCase, Mask
+from attention_crossval.reference.case import AttentionCase, CausalAlignment, Mask
 from attention_crossval.reference.gradients import BackwardCase
+from attention_crossval.reference.precision import StreamingPrecision
 
 _WORKERS: dict[str, IsolatedKernel] = {}
 # flash_attn.cute's backward has a deterministic mode; it is the same kernel, another adapter.
@@ -207,3 +209,48 @@ def test_torch_float64_gradients_match_the_streaming_float64_tier(
         np.testing.assert_allclose(
             getattr(actual, name), getattr(expected, name), rtol=1e-12, atol=1e-12
         )
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"backward": 1}, r"^spec.backward=1 must be a bool"),
+        ({"backward_deterministic": True}, r"need spec.backward=True"),
+        ({"backward": True, "backward_precision": []}, r"backward_precision=\[\] must be a dict"),
+        (
+            {"backward": True, "backward_precision": {"float16": StreamingPrecision()}},
+            r"values BackwardPrecision chains",
+        ),
+    ],
+)
+def test_spec_rejects_bad_backward_declarations(changes: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        KernelSpec(name="k", **changes)
+
+
+@pytest.mark.cpu
+def test_default_backward_chain_follows_the_declared_forward_chain() -> None:
+    forward = StreamingPrecision(output_dtype="float16")
+    spec = KernelSpec(name="k", backward=True, precision={"float16": forward})
+    chain = spec.backward_precision_for("float16")
+    assert chain.forward == forward and chain.dq_order == "permuted"
+    deterministic = dataclasses.replace(spec, backward_deterministic=True)
+    assert deterministic.backward_precision_for("float16").dq_order == "fixed"
+
+
+@pytest.mark.cpu
+def test_sdpa_math_backward_through_autograd_on_cpu() -> None:
+    """The SDPA adapter's autograd backward (math backend, on torch's CPU device), GQA and a
+    top-left causal mask, passes every backward check."""
+    pytest.importorskip("torch", reason="torch is not installed (CI has none)")
+    from attention_crossval.kernel.adapters.sdpa import SdpaAdapter
+
+    adapter = SdpaAdapter.create("math")
+    adapter = dataclasses.replace(adapter, spec=dataclasses.replace(adapter.spec, device="cpu"))
+    case = _case(D=64)
+    mask = Mask(causal=True, alignment=CausalAlignment.TOP_LEFT)
+    forward = dataclasses.replace(case.forward, mask=mask)
+    verdict = run_backward_case(adapter, BackwardCase(forward, case.do), samples=1)
+    verdict.raise_for()
+    assert verdict.run_to_run.required and verdict.run_to_run.bitwise_equal
