@@ -254,3 +254,69 @@ def test_sdpa_math_backward_through_autograd_on_cpu() -> None:
     verdict = run_backward_case(adapter, BackwardCase(forward, case.do), samples=1)
     verdict.raise_for()
     assert verdict.run_to_run.required and verdict.run_to_run.bitwise_equal
+
+
+def _report(tmp_path, passes: str, *, html: bool = False) -> dict:
+    from attention_crossval.report.configs import Config
+    from attention_crossval.report.runner import RunOptions
+    from attention_crossval.report.session import resolve_kernels, run_report
+
+    configs = [
+        Config("float16", 16, 20, 40, B=2, mask="varlen"),
+        Config("bfloat16", 32, 33, 33, Hq=4, Hkv=2, mask="causal", distribution="ramp"),
+    ]
+    options = RunOptions(rows=2, passes=passes)
+    kernels = resolve_kernels(["streaming-fa"])
+    return run_report(configs, kernels, options, tmp_path, progress=False, html=html)
+
+
+@pytest.mark.cpu
+def test_report_pass_both_adds_the_backward_to_each_record(tmp_path) -> None:
+    report = _report(tmp_path, "both")
+    for record in report["records"]:
+        assert record["verdict"] == "pass" and record["primary_pair"]
+        section = record["backward"]
+        assert section["verdict"] == "pass" and section["determinism"]["bitwise_equal"]
+        for pairs in section["gradients"].values():
+            assert set(pairs) == {
+                "kernel_vs_exact",
+                "kernel_vs_float64",
+                "kernel_vs_streaming",
+                "streaming_vs_exact",
+            }
+            assert all(p["max_bound_fraction"] <= 1 for p in pairs.values())
+    markdown = (tmp_path / "report.md").read_text()
+    assert "## Backward pass" in markdown and "| config | kernel | verdict | max abs" in markdown
+
+
+@pytest.mark.cpu
+def test_report_pass_backward_holds_no_forward_fields(tmp_path) -> None:
+    pytest.importorskip("matplotlib", reason="the HTML page needs matplotlib")
+    report = _report(tmp_path, "backward", html=True)
+    assert all(
+        "primary_pair" not in r and r["backward"]["status"] == "ok" for r in report["records"]
+    )
+    assert {r["status"] for r in report["records"]} == {"ok"}
+    markdown = (tmp_path / "report.md").read_text()
+    assert "## Backward pass" in markdown and "max abs" not in markdown
+    assert "nothing to plot" in (tmp_path / "report.html").read_text()
+
+
+@pytest.mark.cpu
+def test_forward_records_keep_their_keys() -> None:
+    """Regression guard: the ``passes`` option is left out of a forward run's digest, so
+    reports written before the backward existed still resume and diff (digest of then)."""
+    from attention_crossval.report.runner import RunOptions
+
+    assert RunOptions().digest == "74e47b8eed77"
+    assert RunOptions(passes="both").digest != RunOptions().digest
+
+
+@pytest.mark.cpu
+def test_report_rejects_an_unknown_pass(capsys: pytest.CaptureFixture[str]) -> None:
+    from attention_crossval.report.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["--pass", "sideways"])
+    assert stop.value.code == 2
+    assert "argument --pass: invalid choice: 'sideways'" in capsys.readouterr().err

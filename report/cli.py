@@ -3,6 +3,7 @@
 attention-report                                  # CPU default: streaming-fa vs exact, ~1 min
 attention-report --kernel sdpa-flash --kernel flash-attn-cute --preset gpu-small --out DIR
 attention-report --kernel mypkg.fa:adapter --sample 50 --tier exact
+attention-report --pass both                      # forward and backward (dq, dk, dv)
 attention-report --config-file configs.toml
 attention-report diff old/report.json new/report.json   # exit 1 on regressions
 attention-report --preset gpu-small --kernel sdpa-flash --gpus all --out DIR   # one shard per GPU
@@ -22,6 +23,7 @@ from pathlib import Path
 # set before numpy is imported by anything below.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
+from attention_crossval.report.backward import PASSES  # noqa: E402
 from attention_crossval.report.configs import (  # noqa: E402
     PRESETS,
     load_config_file,
@@ -164,6 +166,13 @@ def _run_parser() -> argparse.ArgumentParser:
         help="exact-tier precision (default 128)",
     )
     parser.add_argument(
+        "--pass",
+        dest="passes",
+        choices=PASSES,
+        default="forward",
+        help="forward (O, LSE), backward (dq, dk, dv) or both (default forward)",
+    )
+    parser.add_argument(
         "--repeats",
         type=_run_option("repeats"),
         default=2,
@@ -294,6 +303,7 @@ def run_main(argv: Sequence[str]) -> int:
         rows=args.rows,
         prec_bits=args.prec_bits,
         repeats=args.repeats,
+        passes=args.passes,
     )
     kernels = resolve_kernels(
         args.kernel or ["streaming-fa"], isolate=args.isolate, timeout_s=args.kernel_timeout
