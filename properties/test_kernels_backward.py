@@ -80,15 +80,14 @@ def test_kernel_backward_passes_every_check(
         pytest.skip(f"{kernel} declares no backward")
     spec = adapter.spec
     cpu = spec.device == "cpu"
-    case = data.draw(
-        backward_cases(spec=spec, max_len=2 * spec.tile_n + 1 if cpu else 4 * spec.tile_n + 1),
-        label="case",
-    )
+    # Two K tiles plus one key: the last-block, rescale and tile-edge paths, while an exact dK/dV
+    # column (which needs every row that sees its key) stays within a few seconds.
+    case = data.draw(backward_cases(spec=spec, max_len=2 * spec.tile_n + 1), label="case")
     verdict = run_backward_case(
         adapter,
         case,
         isolated=None if cpu else _worker(kernel),
-        samples=1 if cpu else 4,
+        samples=1 if cpu else 2,
         finding_dir=request.config.getoption("--report-dir"),
     )
     assume(verdict.skipped is None)  # declined at run time (e.g. an SDPA backend's refusal)
