@@ -31,7 +31,7 @@ import numpy as np
 from attention_crossval.kernel.harness import ADAPTER_CHECKS, fill_padding
 from attention_crossval.kernel.isolation import Declined, IsolatedKernel, KernelCrashed
 from attention_crossval.kernel.references_backward import GRADIENTS, BackwardReferences
-from attention_crossval.kernel.spec import KernelAdapter, KernelSpec
+from attention_crossval.kernel.spec import BackwardKernelAdapter, KernelAdapter, KernelSpec
 from attention_crossval.kernel.verdict import Finding, Verdict
 from attention_crossval.reference.gradients import BackwardCase, Gradients
 from attention_crossval.reference.masks import visible
@@ -150,6 +150,11 @@ def run_backward_case(
     reason = unsupported_backward(spec, case)
     if reason is not None:
         return BackwardVerdict(spec.name, described, skipped=reason)
+    if isolated is None and not isinstance(adapter, BackwardKernelAdapter):
+        raise ValueError(
+            f"{type(adapter).__name__}: spec.backward is True, so it must have "
+            "backward(case: BackwardCase) -> Gradients"
+        )
     checks = backward_checks(adapter)
     poisoned = fill_backward_padding(case, np.nan) if "padding-read" in checks else case
 

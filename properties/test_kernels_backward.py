@@ -229,6 +229,14 @@ def test_spec_rejects_bad_backward_declarations(changes: dict, message: str) -> 
 
 
 @pytest.mark.cpu
+def test_a_declared_backward_needs_the_method() -> None:
+    adapter = resolve("attention_crossval.kernel.broken.cpu_faults:guarded")
+    adapter.spec = dataclasses.replace(adapter.spec, backward=True)
+    with pytest.raises(ValueError, match="spec.backward is True, so it must have backward"):
+        run_backward_case(adapter, _case())
+
+
+@pytest.mark.cpu
 def test_default_backward_chain_follows_the_declared_forward_chain() -> None:
     forward = StreamingPrecision(output_dtype="float16")
     spec = KernelSpec(name="k", backward=True, precision={"float16": forward})
