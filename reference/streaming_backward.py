@@ -121,7 +121,7 @@ def streaming_backward(
             if case.dlse is not None:
                 D = D - case.dlse[b, h, :q_len].astype(acc)  # D = D - dlse (LSE's gradient)
             lse = forward.lse[b, h, :q_len]
-            LSE2 = np.where(lse == -np.inf, np.inf, lse * LOG2_E).astype(acc)  # empty: P = 0
+            LSE2 = np.where(lse == -np.inf, np.inf, lse.astype(acc) * acc.type(LOG2_E))  # +inf: P=0
             dQ = np.zeros((q_len, fwd.D), acc)  # the dQ accumulator (fp32 in a kernel)
             for cols in _dq_order(col_blocks, precision.dq_order, seed, b, h):
                 dK, dV = _backward_kv_block(
