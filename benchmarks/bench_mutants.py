@@ -1,7 +1,7 @@
 """Which strategy catches which broken streaming tier, after how many examples and seconds.
 
 Run from the repository root: ``OPENBLAS_NUM_THREADS=1 python -m benchmarks.bench_mutants``.
-Uses the ``ci`` Hypothesis profile as registered in conftest.py (derandomized, so the numbers
+Uses the ``ci`` Hypothesis profile as registered by the pytest plugin (derandomized, so the numbers
 repeat), without the example database. Prints two Markdown tables for the README:
 
 1. every mutant hunted with ``attention_cases()`` (all distributions), shrinking included:
@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hypothesis import Phase, settings  # noqa: E402
 
-import conftest  # noqa: E402,F401  (registers the project's Hypothesis profiles)
+import attention_crossval.pytest_plugin  # noqa: E402,F401  (registers the Hypothesis profiles)
 from attention_crossval.properties.backward_properties import PROPERTIES  # noqa: E402
 from attention_crossval.properties.mutants import MUTANTS, HuntResult, hunt, load_mutant  # noqa: E402
 from attention_crossval.properties.mutants_backward import (  # noqa: E402
