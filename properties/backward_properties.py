@@ -119,16 +119,18 @@ def assert_gradients_close(
 
 def gqa_case() -> BackwardCase:
     """Hq=4 over Hkv=2, causal with padding, bf16: several Q and K blocks of the reference
-    tiles, a batch with no query rows and one with a partial last K block."""
+    tiles, a partial last K block, and a batch with no query rows whose padding (q, k, v, dO
+    past the lengths) is NaN, so reading it shows."""
     rng = np.random.default_rng(7)
     dt = np.dtype("bfloat16")
     q, k, v = (
-        rng.standard_normal(shape).astype(dt)
-        for shape in ((2, 33, 4, 4), (2, 41, 2, 4), (2, 41, 2, 8))
+        rng.standard_normal(shape) for shape in ((2, 33, 4, 4), (2, 41, 2, 4), (2, 41, 2, 8))
     )
+    do = rng.standard_normal((2, 33, 4, 8))
+    q[1], do[1], k[1, 17:], v[1, 17:] = np.nan, np.nan, np.nan, np.nan
     mask = Mask(causal=True, q_lengths=(33, 0), k_lengths=(41, 17))
-    case = AttentionCase(q, k, v, None, mask)
-    return BackwardCase(case, rng.standard_normal((2, 33, 4, 8)).astype(dt))
+    case = AttentionCase(q.astype(dt), k.astype(dt), v.astype(dt), None, mask)
+    return BackwardCase(case, do.astype(dt))
 
 
 # --- the properties -------------------------------------------------------------------------
