@@ -11,7 +11,8 @@ and once, so the backward harness (:mod:`kernel.harness_backward`) and the repor
 * ``exact``: the exact tier (:mod:`reference.exact_backward`) on ``samples`` query rows (dq)
   and ``samples`` key columns (dk, dv) per batch and head;
 * ``streaming``: the emulation of a declared backward chain with the kernel's tile sizes;
-* the derived per-element bounds of a chain (:mod:`reference.bounds_backward`).
+* the derived per-element bounds of a chain (:mod:`reference.bounds_backward`), with the
+  count of vacuous elements (a bound no smaller than the terms the element sums).
 """
 
 from __future__ import annotations
@@ -101,15 +102,16 @@ class BackwardReferences:
             lambda: streaming_backward(self.case, precision, block_m=tile_m, block_n=tile_n),
         )
 
-    def bounds(self, precision: BackwardPrecision) -> Any:
-        """The derived per-element ``GradientBounds`` of ``precision``, from the float64
-        gradients."""
+    def bounds(self, precision: BackwardPrecision, tile_n: int) -> Any:
+        """The derived per-element ``GradientBounds`` of ``precision`` after a forward with K
+        tiles of ``tile_n``, from the float64 gradients."""
         from attention_crossval.reference.bounds_backward import backward_error_bound
 
+        reference = self.float64()
         return self._timed(
-            ("bound", precision),
+            ("bound", precision, tile_n),
             "bound_s",
-            lambda: backward_error_bound(self.case, precision, self.float64()),
+            lambda: backward_error_bound(self.case, precision, reference, block_n=tile_n),
         )
 
     def compare(
@@ -136,7 +138,7 @@ class BackwardReferences:
             references = {g: as_result(getattr(gradients, g)) for g in GRADIENTS}
         else:
             raise ValueError(f"tier={tier!r} must be 'exact', 'float64' or 'streaming'")
-        bounds = self.bounds(precision)
+        bounds = self.bounds(precision, spec.tile_n)
         dtype = gradient_dtype(spec, self.case.forward.dtype)
         return {
             g: compare(

@@ -284,6 +284,7 @@ def test_report_pass_both_adds_the_backward_to_each_record(tmp_path) -> None:
         assert record["verdict"] == "pass" and record["primary_pair"]
         section = record["backward"]
         assert section["verdict"] == "pass" and section["determinism"]["bitwise_equal"]
+        assert set(section["vacuous"]) == {"dq", "dk", "dv"}
         for pairs in section["gradients"].values():
             assert set(pairs) == {
                 "kernel_vs_exact",

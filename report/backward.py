@@ -6,8 +6,8 @@ the adapter allows, determinism) and are compared, per gradient, like the forwar
 kernel vs exact (sampled rows and keys), kernel vs float64 (every element), kernel vs streaming
 (2x the bound) and streaming vs exact, in ulps of the declared backward chain's output dtype and
 as a fraction of its derived bound (:mod:`kernel.references_backward`). The record's ``backward``
-object (schema: report/schema.json, ``$defs/backward``) holds them with the triage and the
-run-to-run result.
+object (schema: report/schema.json, ``$defs/backward``) holds them with the triage, the count of
+vacuous bound elements per gradient and the run-to-run result.
 
 dO is the ``gaussian`` gradient distribution of ``properties.strategies`` seeded with the
 config's seed: a config recipe names no dO, so adding the backward changes no forward key.
@@ -96,6 +96,7 @@ def backward_section(case: AttentionCase, seed: int, kernel: Any, options: Any) 
         "output_dtype": gradient_dtype(spec, case.dtype),
         "gradients": gradients,
         "triage": triage(refs, spec, actual),
+        "vacuous": refs.bounds(precision, spec.tile_n).vacuous(),
         "determinism": {
             "checked": options.repeats > 1,
             "required": run_to_run.required,
