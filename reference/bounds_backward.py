@@ -27,9 +27,11 @@ summation order or blocking is a summation tree of them, so ``gamma_N`` covers a
     dv: sum_i wP |dO_i| + gamma_N(u_m) sum_i (P + wP) |dO_i|
 
 and a narrower output dtype multiplies by ``1 + u_o`` and adds ``u_o |reference| +
-sigma_o / 2``. ``M`` (``scale sum P r |k|`` etc.) bounds ``|gradient|``: a bound at least ``M``
-cannot tell the gradient from 0, so such elements are counted *vacuous*
-(:meth:`GradientBounds.vacuous`). Elements no visible pair reaches get bound 0 (the kernel must
+sigma_o / 2``; where ``|reference|`` or ``M`` plus the bound reaches the accumulator's or the
+output's largest finite value, the result may overflow and the bound is inf. ``M`` (``scale
+sum P r |k|`` etc.) bounds ``|gradient|``: a bound at least ``M`` cannot tell the gradient from
+0, so such elements are counted *vacuous* (:meth:`GradientBounds.vacuous`). Elements no visible
+pair reaches get bound 0 (the kernel must
 return exactly 0). Evaluated in float64, row chunks at a time, times ``1 + 2^-30``.
 """
 
@@ -94,6 +96,7 @@ class _BackwardChain:
     half_sub_ds: float
     u_o: float
     half_sub_o: float
+    overflow: float  # the smallest magnitude the accumulator or the output may turn into inf
 
     @classmethod
     def of(cls, precision: BackwardPrecision, exp2_error_ulp: float, mma_u: float):
@@ -119,6 +122,7 @@ class _BackwardChain:
             half_sub_ds=half_sub_ds,
             u_o=u_o,
             half_sub_o=half_sub_o,
+            overflow=min(float(format_info(t).max) for t in (acc, precision.output_dtype or acc)),
         )
 
 
@@ -162,10 +166,12 @@ def backward_error_bound(
     n_dq, n_dkv = fwd.Sk, fwd.group_size * fwd.Sq
 
     def finish(total: np.ndarray, magnitude: np.ndarray, ref: np.ndarray) -> np.ndarray:
+        total = np.where(np.isnan(total), np.inf, total)  # inf * 0: an unbounded P error
         ref = np.where(np.isfinite(ref), np.abs(ref), magnitude)
         out = total * (1 + chain.u_o) + chain.u_o * ref + chain.half_sub_o
-        out = np.where((total > 0) | (magnitude > 0), out * EVALUATION_SLACK, 0)
-        return np.where(np.isnan(out), np.inf, out)
+        # A partial sum or the result may overflow the accumulator or the output: no bound.
+        out = np.where(np.maximum(ref, magnitude) + total < chain.overflow, out, np.inf)
+        return np.where((total > 0) | (magnitude > 0), out * EVALUATION_SLACK, 0)
 
     def scaled(first: np.ndarray, second: np.ndarray, magnitude: np.ndarray, n: int):
         accumulated = first + gamma(n, chain.u_m) * second
