@@ -47,6 +47,12 @@ def test_float64_streaming_matches_exact(args: tuple) -> None:
     _run("float64_matches_exact", args)
 
 
+@given(PROPERTIES["emulated_within_bound"].strategy)
+def test_emulated_precision_within_the_derived_bound(args: tuple) -> None:
+    """FlashAttention's bf16/fp16/fp32 chain stays within its derived per-element bound."""
+    _run("emulated_within_bound", args)
+
+
 @given(PROPERTIES["ds_rows_sum_to_dlse"].strategy)
 def test_ds_rows_sum_to_dlse(args: tuple) -> None:
     """sum_j dS_ij = dlse_i (0 without an LSE gradient) on every row: the D term."""
