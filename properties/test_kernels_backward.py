@@ -328,3 +328,23 @@ def test_report_rejects_an_unknown_pass(capsys: pytest.CaptureFixture[str]) -> N
         main(["--pass", "sideways"])
     assert stop.value.code == 2
     assert "argument --pass: invalid choice: 'sideways'" in capsys.readouterr().err
+
+
+@pytest.mark.cpu
+def test_backward_checks_are_in_the_one_vocabulary() -> None:
+    """Adapters' ``backward_checks`` use the forward's names; an unknown name is refused."""
+    from attention_crossval.kernel.adapters import flash_attn_cute_backward, sdpa, streaming
+    from attention_crossval.kernel.harness import ADAPTER_CHECKS
+    from attention_crossval.kernel.harness_backward import backward_checks
+
+    for adapter in (
+        streaming.create(),
+        sdpa.math(),
+        flash_attn_cute_backward.deterministic(),
+        BrokenBackwardAdapter(),
+    ):
+        assert backward_checks(adapter) <= ADAPTER_CHECKS
+    adapter = BrokenBackwardAdapter()
+    adapter.backward_checks = frozenset({"prefill"})
+    with pytest.raises(ValueError, match=r"backward_checks has \['prefill'\]"):
+        backward_checks(adapter)
