@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from attention_crossval.reference.case import AttentionResult
+from attention_crossval.reference.case import AttentionCase, AttentionResult
 from attention_crossval.reference.gradients import BackwardCase, Gradients
 from attention_crossval.reference.masks import visible
 from attention_crossval.reference.precision import LOG2_E, BackwardPrecision, round_to
@@ -189,7 +189,7 @@ def _dq_order(col_blocks: list[slice], dq_order: str, seed: int, b: int, h: int)
     return [col_blocks[i] for i in order]
 
 
-def _check_forward(forward: AttentionResult, case) -> None:
+def _check_forward(forward: AttentionResult, case: AttentionCase) -> None:
     """``forward`` must hold ``o [B, Sq, Hq, Dv]`` and ``lse [B, Hq, Sq]`` for ``case``."""
     if not isinstance(forward, AttentionResult):
         raise ValueError(f"forward must be an AttentionResult, got {type(forward).__name__}")
