@@ -160,3 +160,15 @@ def _store(
 
 def exit_in_backward() -> BrokenBackwardAdapter:
     return BrokenBackwardAdapter("exit")
+
+
+def missing_d() -> BrokenBackwardAdapter:
+    return BrokenBackwardAdapter("missing_d")
+
+
+def no_group_sum() -> BrokenBackwardAdapter:
+    return BrokenBackwardAdapter("no_group_sum")
+
+
+def read_padding() -> BrokenBackwardAdapter:
+    return BrokenBackwardAdapter("read_padding")
