@@ -62,8 +62,9 @@ _ROW_CHUNK_ELEMENTS = 1 << 18  # rows x keys per chunk: ~20 float64 arrays of it
 @dataclass(frozen=True, eq=False)
 class GradientBounds:
     """Per-element bounds on ``|gradient_kernel - gradient_exact|`` for dq, dk, dv (layout of
-    :class:`~reference.gradients.Gradients`), and ``*_scale``: the magnitude of the terms each
-    element sums, which bounds the gradient itself."""
+    :class:`~reference.gradients.Gradients`), and ``*_scale``: the magnitude M of the terms each
+    element sums (which bounds the gradient itself), without pairs whose ``g - D'`` is a
+    structural zero (below float64's resolution of it)."""
 
     dq: np.ndarray
     dk: np.ndarray
@@ -157,46 +158,53 @@ def backward_error_bound(
     beta_l = lse_error_bound(fwd, unknown, precision.forward, **options)
     sums = _PairSums(case)
     chunk = max(1, _ROW_CHUNK_ELEMENTS // max(fwd.Sk, 1))
-    for b in range(fwd.B):
-        for h in range(fwd.Hq):
-            for r0 in range(0, fwd.Sq, chunk):
-                rows = slice(r0, min(r0 + chunk, fwd.Sq))
-                _add_chunk(case, chain, b, h, rows, beta_o, beta_l, sums)
+    # An unbounded forward (inf) times a zero term gives NaN, mapped to inf at the end.
+    with np.errstate(over="ignore", invalid="ignore"):
+        for b in range(fwd.B):
+            for h in range(fwd.Hq):
+                for r0 in range(0, fwd.Sq, chunk):
+                    rows = slice(r0, min(r0 + chunk, fwd.Sq))
+                    _add_chunk(case, chain, b, h, rows, beta_o, beta_l, sums)
     u, scale = chain.u, fwd.softmax_scale
     n_dq, n_dkv = fwd.Sk, fwd.group_size * fwd.Sq
 
     def finish(total: np.ndarray, magnitude: np.ndarray, ref: np.ndarray) -> np.ndarray:
         total = np.where(np.isnan(total), np.inf, total)  # inf * 0: an unbounded P error
         ref = np.where(np.isfinite(ref), np.abs(ref), magnitude)
-        out = total * (1 + chain.u_o) + chain.u_o * ref + chain.half_sub_o
+        with np.errstate(invalid="ignore"):  # inf * 0 where the output is not rounded
+            out = total * (1 + chain.u_o) + chain.u_o * ref + chain.half_sub_o
         # A partial sum or the result may overflow the accumulator or the output: no bound.
         out = np.where(np.maximum(ref, magnitude) + total < chain.overflow, out, np.inf)
-        return np.where((total > 0) | (magnitude > 0), out * EVALUATION_SLACK, 0)
+        out = np.where(np.isnan(out), np.inf, out * EVALUATION_SLACK)
+        return np.where((total > 0) | (magnitude > 0), out, 0)
 
     def scaled(first: np.ndarray, second: np.ndarray, magnitude: np.ndarray, n: int):
         accumulated = first + gamma(n, chain.u_m) * second
         return scale * (accumulated * (1 + u) ** 2 + magnitude * (2 * u + u * u))
 
-    dq_scale, dk_scale = scale * sums.dq_mag, scale * sums.dk_mag
+    dq_mag, dk_mag = scale * sums.dq_mag, scale * sums.dk_mag
     return GradientBounds(
-        dq=finish(scaled(sums.dq_x, sums.dq_xs, sums.dq_mag, n_dq), dq_scale, reference.dq),
-        dk=finish(scaled(sums.dk_x, sums.dk_xs, sums.dk_mag, n_dkv), dk_scale, reference.dk),
+        dq=finish(scaled(sums.dq_x, sums.dq_xs, sums.dq_mag, n_dq), dq_mag, reference.dq),
+        dk=finish(scaled(sums.dk_x, sums.dk_xs, sums.dk_mag, n_dkv), dk_mag, reference.dk),
         dv=finish(sums.dv_w + gamma(n_dkv, chain.u_m) * sums.dv_ws, sums.dv_mag, reference.dv),
-        dq_scale=dq_scale,
-        dk_scale=dk_scale,
+        dq_scale=scale * sums.dq_resolved,
+        dk_scale=scale * sums.dk_resolved,
         dv_scale=sums.dv_mag,
     )
 
 
 class _PairSums:
     """The per-element sums over visible pairs (module docstring): ``*_x`` the rounding terms,
-    ``*_xs`` what gamma_N multiplies, ``*_mag`` the magnitudes M (dq/dk before the scale)."""
+    ``*_xs`` what gamma_N multiplies, ``*_mag`` the magnitudes M (dq/dk before the scale),
+    ``*_resolved`` M without the pairs whose ``r`` is below float64's resolution."""
 
     def __init__(self, case: BackwardCase) -> None:
         f = case.forward
         self.dq_x, self.dq_xs, self.dq_mag = (np.zeros((f.B, f.Sq, f.Hq, f.D)) for _ in range(3))
         self.dk_x, self.dk_xs, self.dk_mag = (np.zeros((f.B, f.Sk, f.Hkv, f.D)) for _ in range(3))
         self.dv_w, self.dv_ws, self.dv_mag = (np.zeros((f.B, f.Sk, f.Hkv, f.Dv)) for _ in range(3))
+        self.dq_resolved = np.zeros((f.B, f.Sq, f.Hq, f.D))  # M over the resolved |dS| only
+        self.dk_resolved = np.zeros((f.B, f.Sk, f.Hkv, f.D))
 
 
 def _add_chunk(
@@ -238,8 +246,7 @@ def _add_chunk(
     arg = c * gamma(D, chain.u_m) * (1 + u) * (np.abs(q) @ np.abs(k).T)
     arg += u * c * np.abs(s) + 2 * u * np.abs(lse2) + LOG2_E * beta_l_rows * (1 + 2 * u)
     dt = (1 + u) * arg + u * np.abs(c * s - lse2)
-    with np.errstate(over="ignore", invalid="ignore"):
-        w = np.where(seen, p * np.expm1(LN_2 * dt + 2 * chain.eps) + chain.ftz, 0)
+    w = np.where(seen, p * np.expm1(LN_2 * dt + 2 * chain.eps) + chain.ftz, 0)
     w_p = np.where(seen, w + chain.u_p * (p + w) + chain.half_sub_p, 0)
     e_g = gamma(Dv, chain.u_m) * (np.abs(do) @ np.abs(v).T)
     abs_do = np.abs(do)
@@ -249,13 +256,18 @@ def _add_chunk(
     e_ds = w * r + (p + w) * (e_g + e_d) + gamma(2, u) * (p + w) * (r + e_g + e_d)
     x = np.where(seen, e_ds + chain.u_ds * (p * r + e_ds) + chain.half_sub_ds, 0)
     ds = p * r  # |dS|
+    # The vacuity scale counts only r the float64 recomputation resolves: structural zeros
+    # (a row with one key has g = D' exactly) must not look like a vacuous bound.
+    ds_resolved = np.where(r > 2.0**-40 * (np.abs(do) @ np.abs(v).T + np.abs(d)), ds, 0)
     abs_q, abs_k = np.abs(q), np.abs(k)
     sums.dq_x[b, rows, h] += x @ abs_k
     sums.dq_xs[b, rows, h] += (ds + x) @ abs_k
     sums.dq_mag[b, rows, h] += ds @ abs_k
+    sums.dq_resolved[b, rows, h] += ds_resolved @ abs_k
     sums.dk_x[b, :, kv_head] += x.T @ abs_q
     sums.dk_xs[b, :, kv_head] += (ds + x).T @ abs_q
     sums.dk_mag[b, :, kv_head] += ds.T @ abs_q
+    sums.dk_resolved[b, :, kv_head] += ds_resolved.T @ abs_q
     sums.dv_w[b, :, kv_head] += w_p.T @ abs_do
     sums.dv_ws[b, :, kv_head] += (p + w_p).T @ abs_do
     sums.dv_mag[b, :, kv_head] += p.T @ abs_do
