@@ -21,6 +21,7 @@ any other kernel's runs are each held to the bound, and how much they differ is 
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -206,8 +207,6 @@ def _applied(checks: frozenset[str], *, isolated: bool, compare: bool) -> frozen
 
 def _save(case: BackwardCase, kernel: str, check: str, directory: str | Path) -> Path:
     """Save ``case`` under a name digesting its bytes (the forward's naming, plus dO)."""
-    import hashlib
-
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     hasher = hashlib.sha256(case.forward.describe().encode())
