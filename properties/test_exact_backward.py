@@ -97,6 +97,11 @@ def test_exact_backward_matches_naive_loop(case: BackwardCase) -> None:
         assert _agrees_with_double(hi, lo, bound, naive[name]).all(), name
     rows = np.isfinite(exact.d)  # rows whose statistics were computed
     assert _agrees_with_double(exact.d, 0 * exact.d, exact.d_err_bound, naive["d"])[rows].all()
+    forward = exact_attention(case.forward)  # the LSE the row statistics imply, certified twice
+    finite = rows & np.isfinite(forward.lse)
+    assert np.array_equal(exact.lse[rows & ~finite], forward.lse[rows & ~finite])
+    gap = np.abs(exact.lse[finite] - forward.lse[finite])
+    assert np.all(gap <= (exact.lse_err_bound + forward.lse_err_bound)[finite])
 
 
 @given(st.one_of(backward_cases(max_len=6, max_heads=2), wide_backward_cases(max_len=5)))
