@@ -1,14 +1,19 @@
 """Which strategy catches which broken streaming tier, after how many examples and seconds.
 
 Run from the repository root: ``OPENBLAS_NUM_THREADS=1 python -m benchmarks.bench_mutants``.
-Uses the ``ci`` Hypothesis profile as registered by the pytest plugin, derandomized here so the
-numbers repeat, without the example database. Prints two Markdown tables for the README:
+Uses the ``ci`` Hypothesis profile as registered by the pytest plugin (derandomized, so the numbers
+repeat), without the example database. Prints two Markdown tables for the README:
 
 1. every mutant hunted with ``attention_cases()`` (all distributions), shrinking included:
    examples until the first counterexample, seconds to it, total seconds with shrinking, the
    distribution / mask of the first and of the shrunk counterexample;
 2. mutant x mask kind, and 3. mutant x score distribution without masks: examples until
-   caught with only that strategy (no shrinking; ``-`` = survived max_examples).
+   caught with only that strategy (no shrinking; ``-`` = survived max_examples);
+4. the backward mutants (``properties/mutants_backward.py``) x every backward property
+   (``properties/backward_properties.py``): generated examples until caught, no shrinking,
+   the unmutated tier as the control row, and the mutation score.
+
+``--part forward|backward|both`` picks the tables (default: both).
 """
 
 from __future__ import annotations
@@ -25,9 +30,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hypothesis import Phase, settings  # noqa: E402
 
 import attention_crossval.pytest_plugin  # noqa: E402,F401  (registers the Hypothesis profiles)
+from attention_crossval.properties.backward_properties import PROPERTIES  # noqa: E402
 from attention_crossval.properties.mutants import MUTANTS, HuntResult, hunt, load_mutant  # noqa: E402
+from attention_crossval.properties.mutants_backward import (  # noqa: E402
+    BACKWARD_MUTANTS,
+    hunt_backward,
+    load_backward_mutant,
+)
 from attention_crossval.properties.strategies import DISTRIBUTIONS, REFERENCE_SPEC, attention_cases  # noqa: E402
 from attention_crossval.reference import streaming as reference_streaming  # noqa: E402
+from attention_crossval.reference import streaming_backward as reference_backward  # noqa: E402
 
 NO_SHRINK = (Phase.explicit, Phase.reuse, Phase.generate, Phase.target)
 
@@ -106,10 +118,37 @@ def mask_table(profile: settings) -> list[str]:
     return _matrix(profile, {name: {"mask_kinds": k} for name, k in kinds.items()})
 
 
+def backward_table(profile: settings) -> list[str]:
+    """Backward mutants (rows) x backward properties (columns): examples until caught (no
+    shrinking; ``-`` = survived max_examples); ``*`` marks the property named to catch it."""
+    names = list(PROPERTIES)
+    rows = [
+        "| mutant | " + " | ".join(names) + " | caught by |",
+        "|---|" + "---|" * (len(names) + 1),
+    ]
+    tiers = [("(control: unmutated)", reference_backward, None)]
+    tiers += [(n, load_backward_mutant(n), m.caught_by) for n, m in BACKWARD_MUTANTS.items()]
+    hunt_settings = settings(profile, database=None, phases=NO_SHRINK)
+    caught_any = 0
+    for name, tier, named in tiers:
+        cells, caught = [], 0
+        for prop in names:
+            r = hunt_backward(tier, PROPERTIES[prop], hunt_settings)
+            mark = "*" if prop == named else ""
+            cells.append(f"{r.examples}{mark} ({r.seconds_to_catch:.1f}s)" if r.caught else "-")
+            caught += r.caught
+        caught_any += bool(caught) and named is not None
+        rows.append(f"| {name} | " + " | ".join(cells) + f" | {caught}/{len(names)} |")
+        print(rows[-1], file=sys.stderr, flush=True)
+    rows.append(f"\nMutation score: {caught_any}/{len(BACKWARD_MUTANTS)} backward mutants caught.")
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_mutants")
     parser.add_argument("--profile", default="ci", help="Hypothesis profile (default: ci)")
     parser.add_argument("--skip-matrix", action="store_true", help="only the overall table")
+    parser.add_argument("--part", choices=("forward", "backward", "both"), default="both")
     args = parser.parse_args(argv)
     profile = settings.get_profile(args.profile)
     print(
@@ -118,6 +157,11 @@ def main(argv: list[str] | None = None) -> int:
         f"(max_examples={profile.max_examples}, derandomized), "
         f"tiles {REFERENCE_SPEC.tile_m}x{REFERENCE_SPEC.tile_n}\n"
     )
+    if args.part in ("backward", "both"):
+        print("Backward: examples until caught per property (no shrinking):\n")
+        print("\n".join(backward_table(profile)) + "\n")
+    if args.part == "backward":
+        return 0
     print("\n".join(overall_table(profile)))
     if not args.skip_matrix:
         print("\nExamples until caught, one mask kind at a time (no shrinking):\n")

@@ -3,9 +3,10 @@
 The worker resolves the kernel (imports the user's module and calls the factory there, so a
 factory that crashes or hangs cannot take the caller down), then says ``("ready", spec, checks)``:
 the caller learns the declaration without running user code. It then answers
-``("run", case, prefill)`` messages. Its start (spawn, imports, kernel set-up) has its own limit,
-``start_timeout_s``, so the per-call ``timeout_s`` measures the kernel alone: a slow start under
-load is never misreported as a hang.
+``("run", case, prefill)`` (forward) and ``("backward", case, prefill)`` messages. Its start
+(spawn, imports, kernel set-up) has its own limit, ``start_timeout_s``, so the per-call
+``timeout_s`` measures the kernel alone: a slow start under load is never misreported as a
+hang.
 
 The worker dies with its parent (``PR_SET_PDEATHSIG`` on Linux, plus a thread that polls the
 parent pid everywhere), so killing the caller never leaves a busy worker behind. After a
@@ -24,6 +25,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -31,6 +33,7 @@ import numpy as np
 
 from attention_crossval.kernel.spec import KernelAdapter, KernelSpec
 from attention_crossval.reference.case import AttentionCase, AttentionResult
+from attention_crossval.reference.gradients import BackwardCase, Gradients
 
 MAX_TIMEOUT_S = 86_400.0  # one day: longer waits overflow the pipe's poll
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -56,23 +59,33 @@ class Run(NamedTuple):
     """One kernel call: its result, the guard bands it wrote (``output-guard``), and the inputs
     it changed (``input-write``), each as messages."""
 
-    result: AttentionResult
+    result: AttentionResult | Gradients
     writes: tuple[str, ...] = ()
     input_writes: tuple[str, ...] = ()
 
 
 def execute(adapter: KernelAdapter, case: AttentionCase, prefill: str) -> Run:
-    """One call: through ``run_guarded`` when the adapter has it, else ``adapter(case)``; the
-    case's arrays are compared bitwise before and after, so a kernel writing into its inputs
-    is caught wherever it runs (a worker's unpickled arrays are writeable)."""
-    inputs = _inputs(case)
+    """One forward call: through ``run_guarded`` when the adapter has it, else ``adapter(case)``,
+    under :func:`watch_inputs`."""
+
+    def call() -> tuple[Any, Any]:
+        if hasattr(adapter, "run_guarded"):
+            return adapter.run_guarded(case, prefill=prefill)
+        return adapter(case), ()
+
+    return watch_inputs(input_arrays(case), call, AttentionResult)
+
+
+def watch_inputs(
+    inputs: dict[str, np.ndarray], call: Callable[[], tuple[Any, Any]], returns: type
+) -> Run:
+    """``call()`` -> (result, guard-band writes), with ``inputs`` compared bitwise before and
+    after, so a kernel writing into its inputs is caught wherever it runs (a worker's unpickled
+    arrays are writeable); TypeError unless the result is a ``returns``."""
     before = {name: array.copy() for name, array in inputs.items()}
-    if hasattr(adapter, "run_guarded"):
-        result, writes = adapter.run_guarded(case, prefill=prefill)
-    else:
-        result, writes = adapter(case), ()
-    if not isinstance(result, AttentionResult):
-        raise TypeError(f"the kernel returned {type(result).__name__}, not an AttentionResult")
+    result, writes = call()
+    if not isinstance(result, returns):
+        raise TypeError(f"the kernel returned {type(result).__name__}, not {returns.__name__}")
     changed = tuple(
         message
         for name, array in inputs.items()
@@ -81,7 +94,16 @@ def execute(adapter: KernelAdapter, case: AttentionCase, prefill: str) -> Run:
     return Run(result, tuple(writes), changed)
 
 
-def _inputs(case: AttentionCase) -> dict[str, np.ndarray]:
+def _plain(result: AttentionResult | Gradients) -> AttentionResult | Gradients:
+    """The result rebuilt from plain arrays, so unpickling it never imports a user's module (a
+    kernel may return a subclass)."""
+    if isinstance(result, Gradients):
+        return Gradients(*(np.asarray(getattr(result, n)) for n in ("dq", "dk", "dv")))
+    lse = None if result.lse is None else np.asarray(result.lse)
+    return AttentionResult(o=np.asarray(result.o), lse=lse)
+
+
+def input_arrays(case: AttentionCase) -> dict[str, np.ndarray]:
     inputs = {"q": case.q, "k": case.k, "v": case.v}
     if case.mask.explicit is not None:
         inputs["mask.explicit"] = case.mask.explicit
@@ -119,11 +141,12 @@ def _worker_main(kernel: str, conn: Any, parent_pid: int) -> None:
     """Worker loop: resolve the kernel once, send its declaration, then answer run messages."""
     _die_with_parent(parent_pid)
     from attention_crossval.kernel.harness import applied_checks
+    from attention_crossval.kernel.harness_backward import backward_checks
     from attention_crossval.kernel.registry import resolve
 
     try:
         adapter = resolve(kernel)
-        checks = applied_checks(adapter)
+        checks = (applied_checks(adapter), backward_checks(adapter))
         spec = KernelSpec(  # a plain KernelSpec: unpickling it never imports the user's module
             **{f.name: getattr(adapter.spec, f.name) for f in dataclasses.fields(KernelSpec)}
         )
@@ -138,10 +161,10 @@ def _worker_main(kernel: str, conn: Any, parent_pid: int) -> None:
         message = conn.recv()
         if message is None:
             return
-        _, case, prefill = message
+        method, case, prefill = message
         try:
-            run = execute(adapter, case, prefill)
-            conn.send(("ok", run.result.o, run.result.lse, run.writes, run.input_writes))
+            run = _method(method)(adapter, case, prefill)
+            conn.send(("ok", _plain(run.result), run.writes, run.input_writes))
         except Declined as declined:
             conn.send(("declined", str(declined), "", False))
         except Exception as error:  # noqa: BLE001 - any kernel error is a finding, reported back
@@ -150,6 +173,15 @@ def _worker_main(kernel: str, conn: Any, parent_pid: int) -> None:
                 word in text.lower() for word in _RESTART_WORDS
             )
             conn.send(("error", text, traceback.format_exc(limit=4), restart))
+
+
+def _method(name: str) -> Callable[[Any, Any, str], Run]:
+    """What a worker message runs: the forward (``run``) or the backward (``backward``)."""
+    if name == "backward":
+        from attention_crossval.kernel.harness_backward import execute_backward
+
+        return execute_backward
+    return execute
 
 
 @dataclass
@@ -166,7 +198,9 @@ class IsolatedKernel:
     start_timeout_s: float = 600.0
     _process: Any = field(default=None, repr=False)
     _conn: Any = field(default=None, repr=False)
-    _declared: tuple[KernelSpec, frozenset[str]] | None = field(default=None, repr=False)
+    _declared: tuple[KernelSpec, tuple[frozenset[str], frozenset[str]]] | None = field(
+        default=None, repr=False
+    )
 
     def __post_init__(self) -> None:
         from attention_crossval.kernel.registry import factory_path
@@ -189,9 +223,14 @@ class IsolatedKernel:
     @property
     def checks(self) -> frozenset[str]:
         """The adapter's harness checks (``kernel.harness.applied_checks``), from the worker."""
-        return self._declaration()[1]
+        return self._declaration()[1][0]
 
-    def _declaration(self) -> tuple[KernelSpec, frozenset[str]]:
+    @property
+    def backward_checks(self) -> frozenset[str]:
+        """Its backward harness checks (``kernel.harness_backward.backward_checks``)."""
+        return self._declaration()[1][1]
+
+    def _declaration(self) -> tuple[KernelSpec, tuple[frozenset[str], frozenset[str]]]:
         if self._declared is None:
             self.start()
         assert self._declared is not None
@@ -207,19 +246,23 @@ class IsolatedKernel:
     def __call__(self, case: AttentionCase) -> AttentionResult:
         return self.call(case, "zero").result
 
-    def call(self, case: AttentionCase, prefill: str) -> Run:
-        """Run ``case`` in the worker (started first if needed) and return its answer."""
+    def backward(self, case: BackwardCase) -> Gradients:
+        return self.call(case, "zero", method="backward").result
+
+    def call(self, case: Any, prefill: str, *, method: str = "run") -> Run:
+        """Run ``case`` in the worker (started first if needed) and return its answer:
+        ``method`` "run" is the forward, "backward" the backward (a ``BackwardCase``)."""
         if self._process is None or not self._process.is_alive():
             self._start()
-        reply = self._request(("run", case, prefill), self.timeout_s, "hang")
+        reply = self._request((method, case, prefill), self.timeout_s, "hang")
         if reply[0] == "declined":
             raise Declined(reply[1])
         if reply[0] == "error":
             if reply[3]:
                 self.close(kill=True)  # MemoryError or CUDA error: the next call gets a fresh one
             raise KernelCrashed("error", f"{reply[1]}\n{reply[2]}")
-        _, o, lse, writes, input_writes = reply
-        return Run(AttentionResult(o=o, lse=lse), writes, input_writes)
+        _, result, writes, input_writes = reply
+        return Run(result, writes, input_writes)
 
     def _request(self, message: tuple | None, timeout_s: float, what: str) -> tuple:
         """Send ``message`` (None: only wait) and receive the reply within ``timeout_s``."""

@@ -28,6 +28,11 @@ BUILTIN: dict[str, tuple[str, str | None]] = {
         "attention_crossval.kernel.adapters.flash_attn_cute:create",
         "flash_attn.cute",
     ),
+    # the same kernel with deterministic=True in its backward (a backward-suite variant)
+    "flash-attn-cute-deterministic": (
+        "attention_crossval.kernel.adapters.flash_attn_cute_backward:deterministic",
+        "flash_attn.cute",
+    ),
     "own-sm90": ("attention_crossval.kernel.adapters.own_sm90:create", "cutlass"),
     "own-sm100": (
         "attention_crossval.kernel.adapters.own_sm100:create",
@@ -38,6 +43,8 @@ BUILTIN: dict[str, tuple[str, str | None]] = {
 # part that could crash or hang (the streaming tier); every other kernel gets a worker process.
 IN_PROCESS = frozenset({"streaming-fa"})
 GPU_BUILTIN = tuple(name for name in BUILTIN if name != "streaming-fa")
+# Built-ins whose forward is another built-in's: in the backward suite's defaults only.
+BACKWARD_VARIANTS = frozenset({"flash-attn-cute-deterministic"})
 # Built-ins that run on one GPU generation only (compute capability major): left out of the
 # defaults on other GPUs, where they would decline every case; still reachable with --kernel.
 REQUIRED_COMPUTE_MAJOR = {"own-sm100": 10}
@@ -124,12 +131,14 @@ def available(names: tuple[str, ...] = tuple(BUILTIN)) -> list[str]:
     return [name for name in names if _importable(BUILTIN[name][1])]
 
 
-def default_kernels(has_gpu: bool) -> list[str]:
+def default_kernels(has_gpu: bool, *, backward: bool = False) -> list[str]:
     """What ``--kernel`` means when not given: every available GPU adapter that can run on
-    this GPU (see :data:`REQUIRED_COMPUTE_MAJOR`), else the CPU one."""
+    this GPU (see :data:`REQUIRED_COMPUTE_MAJOR`; the :data:`BACKWARD_VARIANTS` only for the
+    backward), else the CPU one."""
     if not has_gpu:
         return ["streaming-fa"]
-    return [name for name in available(GPU_BUILTIN) if _runs_on_this_gpu(name)]
+    names = [name for name in available(GPU_BUILTIN) if _runs_on_this_gpu(name)]
+    return [name for name in names if backward or name not in BACKWARD_VARIANTS]
 
 
 def _runs_on_this_gpu(name: str) -> bool:

@@ -7,7 +7,7 @@ is never failed for a feature it does not claim.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -19,7 +19,8 @@ from attention_crossval.reference.case import (
     AttentionResult,
     CausalAlignment,
 )
-from attention_crossval.reference.precision import StreamingPrecision
+from attention_crossval.reference.gradients import BackwardCase, Gradients
+from attention_crossval.reference.precision import BackwardPrecision, StreamingPrecision
 
 MASK_KINDS = frozenset({"causal", "window", "varlen", "explicit"})
 _SETS = (frozenset, set, tuple, list)
@@ -54,6 +55,10 @@ class KernelSpec:
     * ``known_findings``: checks it is known to fail on some cases (:class:`KnownFinding`):
       such cases stay in scope and are reported as "known" (pytest: xfail), not hidden by a
       narrower declaration.
+    * ``backward``: it has a backward pass (``adapter.backward(case) -> Gradients``);
+      ``backward_deterministic``: dq/dk/dv bitwise-repeatable run to run (no atomic adds);
+      ``backward_precision``: its backward chain per input dtype, for the emulation and the
+      gradient bounds (None = FlashAttention's, :meth:`backward_precision_for`).
     """
 
     name: str
@@ -73,6 +78,9 @@ class KernelSpec:
     empty_rows: str = "zero"
     padded_rows: str = "zero"
     known_findings: tuple[KnownFinding, ...] = ()
+    backward: bool = False
+    backward_deterministic: bool = False
+    backward_precision: dict[str, BackwardPrecision] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -131,6 +139,7 @@ class KernelSpec:
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"spec.device={self.device!r} must be 'cpu' or 'cuda'")
         self._validate_known_findings()
+        self._validate_backward()
 
     def _validate_precision(self) -> None:
         if not isinstance(self.precision, dict):
@@ -156,6 +165,36 @@ class KernelSpec:
                     f"be a subset of spec.mask_kinds={sorted(self.mask_kinds)} (else it never "
                     "applies)"
                 )
+
+    def _validate_backward(self) -> None:
+        for name in ("backward", "backward_deterministic"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise ValueError(f"spec.{name}={getattr(self, name)!r} must be a bool")
+        if not isinstance(self.backward_precision, dict):
+            raise ValueError(
+                f"spec.backward_precision={self.backward_precision!r} must be a dict dtype -> chain"
+            )
+        for dtype, chain in self.backward_precision.items():
+            if dtype not in INPUT_DTYPES or not isinstance(chain, BackwardPrecision):
+                raise ValueError(
+                    f"spec.backward_precision[{dtype!r}]={chain!r}: keys must be input dtypes "
+                    f"{sorted(INPUT_DTYPES)} and values BackwardPrecision chains"
+                )
+        if not self.backward and (self.backward_deterministic or self.backward_precision):
+            raise ValueError(
+                "spec.backward_deterministic and spec.backward_precision need spec.backward=True"
+            )
+
+    def backward_precision_for(self, dtype: str) -> BackwardPrecision:
+        """The declared backward chain for inputs of ``dtype``; by default FlashAttention's
+        after the declared forward chain, dQ partials in a fixed order only when the backward
+        is declared deterministic."""
+        if dtype in self.backward_precision:
+            return self.backward_precision[dtype]
+        chain = BackwardPrecision.flash_attention(
+            dtype, deterministic=bool(self.backward_deterministic)
+        )
+        return replace(chain, forward=self.precision_for(dtype))
 
     def precision_for(self, dtype: str) -> StreamingPrecision:
         """The declared precision chain for inputs of ``dtype``."""
@@ -208,4 +247,14 @@ class KernelAdapter(Protocol):
 
     def __call__(self, case: AttentionCase) -> AttentionResult:
         """Run on ``case``; return float64 host arrays in the project layout, lse natural log."""
+        ...
+
+
+@runtime_checkable
+class BackwardKernelAdapter(KernelAdapter, Protocol):
+    """A kernel whose ``spec.backward`` is True: it also computes dq, dk and dv."""
+
+    def backward(self, case: BackwardCase) -> Gradients:
+        """Forward then backward on ``case``; float64 host arrays in the project layout, dk/dv
+        summed over each GQA group (conventions: :mod:`reference.gradients`)."""
         ...

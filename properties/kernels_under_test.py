@@ -15,7 +15,13 @@ import pytest
 
 from attention_crossval.kernel.gpu_workers import cuda_available
 from attention_crossval.kernel.isolation import IsolatedKernel
-from attention_crossval.kernel.registry import GPU_BUILTIN, IN_PROCESS, default_kernels, resolve
+from attention_crossval.kernel.registry import (
+    BACKWARD_VARIANTS,
+    GPU_BUILTIN,
+    IN_PROCESS,
+    default_kernels,
+    resolve,
+)
 from attention_crossval.kernel.spec import MASK_KINDS, KernelAdapter, KernelSpec
 
 _WORKERS: dict[str, IsolatedKernel] = {}
@@ -62,13 +68,15 @@ def kernel_spec(kernel: str) -> KernelSpec:
     return kernel_adapter(kernel).spec
 
 
-def chosen_kernels(config: pytest.Config) -> list[str]:
-    """``--kernel``, else the GPU built-ins (all of them listed, skipped, without a GPU) and,
-    without a GPU, the CPU ``streaming-fa``."""
+def chosen_kernels(config: pytest.Config, *, backward: bool = False) -> list[str]:
+    """``--kernel``, else the GPU built-ins (all of them listed, skipped, without a GPU; the
+    backward variants only for the backward suite) and, without a GPU, the CPU
+    ``streaming-fa``."""
     chosen = config.getoption("--kernel")
     if chosen:
         return list(dict.fromkeys(chosen))
-    gpus = default_kernels(has_gpu=True) or list(GPU_BUILTIN)
+    listed = [n for n in GPU_BUILTIN if backward or n not in BACKWARD_VARIANTS]
+    gpus = default_kernels(has_gpu=True, backward=backward) or listed
     return gpus if cuda_available()[0] else [*gpus, *default_kernels(has_gpu=False)]
 
 

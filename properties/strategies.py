@@ -24,6 +24,12 @@ from hypothesis import strategies as st
 
 from attention_crossval.kernel.spec import MASK_KINDS, KernelSpec
 from attention_crossval.properties import coverage
+from attention_crossval.properties._strategies.gradients import (
+    GRADIENT_DISTRIBUTIONS,
+    GradientDistribution,
+    build_do,
+    gradient_distributions,
+)
 from attention_crossval.properties._strategies.masks import mask_class, masks
 from attention_crossval.properties._strategies.scores import (
     DISTRIBUTIONS,
@@ -42,6 +48,7 @@ from attention_crossval.properties._strategies.shapes import (
     tile_aware_lengths,
 )
 from attention_crossval.reference.case import INPUT_DTYPES, AttentionCase, CausalAlignment
+from attention_crossval.reference.gradients import BackwardCase
 
 # The reference tiers as a "kernel": every dtype and mask, small head dims and tiles so CPU
 # runs see many blocks per row (tile_m != tile_n catches the two being swapped).
@@ -201,14 +208,47 @@ def attention_cases(
     return strategy if kernel_alignment is None else strategy.filter(spec.supports)
 
 
+@st.composite
+def _backward_cases(
+    draw: st.DrawFn,
+    forward: st.SearchStrategy[AttentionCase],
+    do_distributions: tuple[str, ...],
+) -> BackwardCase:
+    case = draw(forward)
+    dist = draw(gradient_distributions(names=do_distributions))
+    seed = draw(st.integers(0, 2**32 - 1))
+    event(f"grad: {dist.name}")
+    return build_do(dist, case, seed)
+
+
+def backward_cases(
+    *, do_distributions: Collection[str] | None = None, **attention_options: object
+) -> st.SearchStrategy[BackwardCase]:
+    """Backward cases: a forward case from :func:`attention_cases` (``attention_options`` are
+    its keyword arguments: spec, dtypes, lengths, heads, score distributions, masks) plus dO
+    from ``do_distributions`` (names from :data:`GRADIENT_DISTRIBUTIONS`, default all).
+
+    The label is the forward label plus ``grad=<name>``. Bug classes: see each gradient
+    distribution's ``targets``. Shrinks as the forward case does, and dO towards ``gaussian``.
+    """
+    names = tuple(GRADIENT_DISTRIBUTIONS) if do_distributions is None else tuple(do_distributions)
+    gradient_distributions(names=names)  # validates the names now rather than at the first draw
+    return _backward_cases(attention_cases(**attention_options), names)
+
+
 __all__ = [
     "DISTRIBUTIONS",
+    "GRADIENT_DISTRIBUTIONS",
+    "GradientDistribution",
     "REFERENCE_SPEC",
     "Evidence",
     "ScoreDistribution",
     "Shape",
     "attention_cases",
     "attention_shapes",
+    "backward_cases",
+    "build_do",
+    "gradient_distributions",
     "head_counts",
     "length_class",
     "mask_class",

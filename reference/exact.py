@@ -132,17 +132,23 @@ def sample_rows(case: AttentionCase, n: int, seed: int = 0) -> np.ndarray:
     rows are where causal and padding bugs show); the rest are drawn uniformly without
     replacement with ``numpy.random.default_rng(seed)``. Padded and empty rows may be drawn.
     """
+    return sample_grid((case.B, case.Hq, case.Sq), n, seed, "rows")
+
+
+def sample_grid(shape: tuple[int, ...], n: int, seed: int = 0, what: str = "rows") -> np.ndarray:
+    """Bool ``shape`` with exactly ``min(n, size)`` entries set: the first and the last of the
+    flattened grid, the rest uniform without replacement (``default_rng(seed)``)."""
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise ValueError(f"n={n!r} must be an int >= 1 (number of rows to sample)")
-    total = case.B * case.Hq * case.Sq
+        raise ValueError(f"n={n!r} must be an int >= 1 (number of {what} to sample)")
+    total = math.prod(shape)
     chosen = np.zeros(total, dtype=bool)
-    if total == 0:  # no rows to sample (Sq = 0): an empty selection
-        return chosen.reshape(case.B, case.Hq, case.Sq)
+    if total == 0:  # nothing to sample (a zero length): an empty selection
+        return chosen.reshape(shape)
     chosen[[0, total - 1][: min(n, 2)]] = True
     rest = np.flatnonzero(~chosen)
     extra = min(int(n), total) - int(chosen.sum())
     chosen[np.random.default_rng(seed).choice(rest, size=extra, replace=False)] = True
-    return chosen.reshape(case.B, case.Hq, case.Sq)
+    return chosen.reshape(shape)
 
 
 def naive_exact_attention(
@@ -362,14 +368,27 @@ class _Weights:
 
     def limbs(self, p_rows: list[tuple[list[int], int]], cols: int) -> np.ndarray:
         """``[nl, rows, cols]`` float64 uint16 limbs of the weights (exact)."""
-        nbytes = 2 * -(-(self.fraction_bits + 1) // _P_LIMB_BITS)
-        blob = b"".join(pj.to_bytes(nbytes, "little") for p, _ in p_rows for pj in p)
-        limbs = np.frombuffer(blob, dtype="<u2").reshape(len(p_rows), cols, nbytes // 2)
-        return limbs.transpose(2, 0, 1).astype(np.float64)
+        weights = [pj for p, _ in p_rows for pj in p]
+        return int_limbs(weights, (len(p_rows), cols), self.fraction_bits + 1)
 
     def lse_shift(self, row_max: int) -> tuple:
         """``c m`` as an exact mpf."""
         return from_man_exp(self.scale_man * row_max, self.scale_exp + self.score_exponent)
+
+
+def int_limbs(
+    values: list[int], shape: tuple[int, ...], bits: int, *, signed: bool = False
+) -> np.ndarray:
+    """``[nl, *shape]`` float64 16-bit limbs of Python ints below ``2^bits`` in magnitude
+    (exact): ``value = sum_l limbs[l] 2^(16 l)``, the top limb signed (two's complement) when
+    ``signed``, so every partial product stays within ``_P_LIMB_BITS`` bits."""
+    nbytes = 2 * -(-(bits + signed) // _P_LIMB_BITS)
+    blob = b"".join(x.to_bytes(nbytes, "little", signed=signed) for x in values)
+    limbs = np.frombuffer(blob, dtype="<u2").reshape(*shape, nbytes // 2)
+    limbs = np.moveaxis(limbs, -1, 0).astype(np.float64)
+    if signed and limbs.size:  # the top limb carries the sign: reread it as int16
+        limbs[-1] = np.where(limbs[-1] >= 2**15, limbs[-1] - 2**16, limbs[-1])
+    return limbs
 
 
 def _dyadic(x: float) -> tuple[int, int]:
@@ -407,14 +426,25 @@ def _finish_row(
     l_float = math.ldexp(row_sum, -F)  # >= 1
     o_bound = n * delta * spread / l_float + worst * (2.0 ** (1 - prec) + 2.0**-104) + 2.0**-1074
     out.o_err_bound[b, h, i] = o_bound * _BOUND_SLACK
-    log_l = mpf_log(l_mpf, prec, round_nearest)
+    out.lse[b, h, i], out.lse_err_bound[b, h, i] = certified_lse(
+        weights, row_max, row_sum, n * delta
+    )
+
+
+def certified_lse(
+    weights: _Weights, row_max: int, row_sum: int, row_sum_err_bound: float
+) -> tuple[float, float]:
+    """``(lse, bound)``: the double nearest ``c m + ln(row_sum 2^-F)`` (natural log) and its
+    certified error, given ``|row_sum 2^-F - l| <= row_sum_err_bound`` with both sums >= 1
+    (so the log moves by at most that much; module docstring)."""
+    prec = weights.fraction_bits
+    log_l = mpf_log(from_man_exp(row_sum, -prec), prec, round_nearest)
     lse = mpf_add(weights.lse_shift(row_max), log_l, prec, round_nearest)
     lse_float = to_float(lse, rnd=round_nearest)
     lse_bound = (
-        n * delta
+        row_sum_err_bound
         + abs(to_float(log_l)) * 2.0 ** (8 - prec)
         + abs(lse_float) * (2.0 ** (1 - prec) + 2.0**-53)
         + 2.0**-1074
     )
-    out.lse[b, h, i] = lse_float
-    out.lse_err_bound[b, h, i] = lse_bound * _BOUND_SLACK
+    return lse_float, lse_bound * _BOUND_SLACK

@@ -127,3 +127,79 @@ class StreamingPrecision:
             and self.p_dtype is None
             and self.output_dtype is None
         )
+
+
+DQ_ORDERS = ("fixed", "permuted")
+
+
+@dataclass(frozen=True)
+class BackwardPrecision:
+    """Precision of each stage of a FlashAttention-style backward pass (dq, dk, dv).
+
+    * ``forward``: the chain that produced the O and LSE the backward reads.
+    * ``p_dtype``: P (recomputed from the LSE) rounded to this before ``dV += P^T dO``, or None.
+    * ``ds_dtype``: dS rounded to this before ``dK += dS^T Q`` and ``dQ += dS K``, or None.
+    * ``accum_dtype``: S, dP, D, the elementwise P/dS math and every accumulator
+      (``float32`` or ``float64``).
+    * ``dq_order``: how the K blocks' dQ partials are added: ``fixed`` (K blocks in order, a
+      deterministic kernel) or ``permuted`` (a seeded random order, as atomic adds land).
+    * ``output_dtype``: final dq/dk/dv rounding, or None to return the accumulator's values.
+    """
+
+    forward: StreamingPrecision = StreamingPrecision()
+    p_dtype: str | None = None
+    ds_dtype: str | None = None
+    accum_dtype: str = "float32"
+    dq_order: str = "fixed"
+    output_dtype: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.forward, StreamingPrecision):
+            raise ValueError(
+                f"forward must be a StreamingPrecision, got {type(self.forward).__name__}"
+            )
+        for name in ("p_dtype", "ds_dtype"):
+            value = getattr(self, name)
+            if value is not None and value not in ("float16", "bfloat16"):
+                raise ValueError(f"{name}={value!r} must be None, 'float16' or 'bfloat16'")
+        if self.accum_dtype not in ("float32", "float64"):
+            raise ValueError(f"accum_dtype={self.accum_dtype!r} must be 'float32' or 'float64'")
+        if self.dq_order not in DQ_ORDERS:
+            raise ValueError(f"dq_order={self.dq_order!r} must be one of {list(DQ_ORDERS)}")
+        if self.output_dtype is not None and self.output_dtype not in tuple(INPUT_DTYPES):
+            raise ValueError(
+                f"output_dtype={self.output_dtype!r} must be None or one of {sorted(INPUT_DTYPES)}"
+            )
+
+    @classmethod
+    def float64(cls) -> BackwardPrecision:
+        """Forward and backward in float64, nothing rounded: the tier's 'exact algorithm'."""
+        return cls(forward=StreamingPrecision.float64(), accum_dtype="float64")
+
+    @classmethod
+    def flash_attention(cls, input_dtype: str, *, deterministic: bool = True) -> BackwardPrecision:
+        """FlashAttention's chain for ``input_dtype`` inputs: its forward chain, P and dS rounded
+        to the input dtype before their MMAs (fp32 inputs: not rounded), fp32 accumulators,
+        dq/dk/dv rounded to the input dtype; dQ partials in K-block order when
+        ``deterministic``, else in an atomic-add order."""
+        input_dtype = dtype_name(input_dtype)
+        mma_dtype = None if input_dtype == "float32" else input_dtype
+        return cls(
+            forward=StreamingPrecision.flash_attention(input_dtype),
+            p_dtype=mma_dtype,
+            ds_dtype=mma_dtype,
+            accum_dtype="float32",
+            dq_order="fixed" if deterministic else "permuted",
+            output_dtype=input_dtype,
+        )
+
+    @property
+    def is_float64(self) -> bool:
+        """True when nothing, forward included, is rounded below float64."""
+        return (
+            self.forward.is_float64
+            and self.accum_dtype == "float64"
+            and self.p_dtype is None
+            and self.ds_dtype is None
+            and self.output_dtype is None
+        )

@@ -3,6 +3,7 @@
 attention-report                                  # CPU default: streaming-fa vs exact, ~1 min
 attention-report --kernel sdpa-flash --kernel flash-attn-cute --preset gpu-small --out DIR
 attention-report --kernel mypkg.fa:adapter --sample 50 --tier exact
+attention-report --pass both                      # forward and backward (dq, dk, dv)
 attention-report --config-file configs.toml
 attention-report diff old/report.json new/report.json   # exit 1 on regressions
 attention-report --preset gpu-small --kernel sdpa-flash --gpus all --out DIR   # one shard per GPU
@@ -23,6 +24,7 @@ from pathlib import Path
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 from attention_crossval.kernel.isolation import MAX_TIMEOUT_S  # noqa: E402
+from attention_crossval.report.backward import PASSES  # noqa: E402
 from attention_crossval.report.configs import (  # noqa: E402
     PRESETS,
     load_config_file,
@@ -171,6 +173,13 @@ def _run_parser() -> argparse.ArgumentParser:
         type=_run_option("prec_bits"),
         default=128,
         help="exact-tier precision in bits, 64 to 960 (default 128)",
+    )
+    parser.add_argument(
+        "--pass",
+        dest="passes",
+        choices=PASSES,
+        default="forward",
+        help="forward (O, LSE), backward (dq, dk, dv) or both (default forward)",
     )
     parser.add_argument(
         "--repeats",
@@ -323,6 +332,7 @@ def _run_locked(args: argparse.Namespace, argv: Sequence[str], gpus: list[str] |
         rows=args.rows,
         prec_bits=args.prec_bits,
         repeats=args.repeats,
+        passes=args.passes,
     )
     if args.fresh:
         clear_outputs(args.out)

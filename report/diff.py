@@ -36,7 +36,7 @@ def load_records(path: str | Path) -> list[dict]:
 
 
 def _fraction(record: dict) -> float | None:
-    if record["status"] != "ok":
+    if record["status"] != "ok" or "primary_pair" not in record:  # no forward pass
         return None
     return as_float(record["pairs"][record["primary_pair"]]["max_bound_fraction"])
 

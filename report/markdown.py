@@ -55,7 +55,7 @@ def fmt(value, digits: int = 3) -> str:
 def row_cells(record: dict) -> list[str]:
     """The table cells of one record (shared by the Markdown and HTML tables)."""
     config, kernel = record["config"]["name"], record["kernel"]["name"]
-    if record["status"] != "ok":
+    if record["status"] != "ok" or "primary_pair" not in record:  # no forward: see backward
         message = (record.get("message") or "").replace("|", "/").replace("\n", " ")
         return [config, kernel, record["verdict"], message[:120]] + [""] * (len(COLUMNS) - 4)
     pair = record["pairs"][record["primary_pair"]]
@@ -164,15 +164,19 @@ def header_lines(report: dict) -> list[str]:
 
 
 def render_markdown(report: dict) -> str:
+    from attention_crossval.report.backward import backward_table
+
     lines = ["# Attention kernel error report", ""]
     lines += [f"- {line}" for line in header_lines(report)]
-    lines += ["", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(row_cells(r)) + " |" for r in report["records"]]
-    lines += ["", LEGEND, ""]
+    if report["options"].get("passes", "forward") != "backward":
+        lines += ["", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+        lines += ["| " + " | ".join(row_cells(r)) + " |" for r in report["records"]]
+        lines += ["", LEGEND, ""]
     known = known_rows(report["records"])
     if known:
         lines += ["## Known findings", ""]
         lines += ["| " + " | ".join(KNOWN_COLUMNS) + " |", "|" + "---|" * len(KNOWN_COLUMNS)]
         lines += ["| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in known]
         lines += [""]
+    lines += backward_table(report["records"])
     return "\n".join(lines)

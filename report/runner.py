@@ -34,6 +34,7 @@ from attention_crossval.kernel.references import PAIR_BOUND_SCALE, CaseReference
 from attention_crossval.reference.case import AttentionCase
 from attention_crossval.reference.exact import check_prec_bits
 from attention_crossval.reference.masks import visible
+from attention_crossval.report.backward import PASSES, backward_section, with_backward
 from attention_crossval.report.cache import ExactCache
 from attention_crossval.report.plotdata import histogram, row_profile
 from attention_crossval.report.records import clean
@@ -51,6 +52,8 @@ class RunOptions:
     * ``repeats``: kernel runs per case; > 1 checks bitwise determinism.
     * ``dense_limit``: above ``B*Hq*Sq*Sk*(D+Dv)`` multiply-adds, the float64 and streaming
       results and the bound cover only the exact rows plus ``subset_rows`` evenly spaced rows.
+    * ``passes``: "forward", "backward" (dq/dk/dv, :mod:`report.backward`) or "both"; left out
+      of the digest when "forward", so forward records keep their keys.
     """
 
     tiers: tuple[str, ...] = TIERS
@@ -60,6 +63,7 @@ class RunOptions:
     row_seed: int = 0
     dense_limit: int = 1 << 31
     subset_rows: int = 256
+    passes: str = "forward"
 
     def __post_init__(self) -> None:
         if not self.tiers or set(self.tiers) - set(TIERS):
@@ -69,10 +73,15 @@ class RunOptions:
         check_prec_bits(self.prec_bits)
         if self.repeats < 1:
             raise ValueError(f"repeats={self.repeats!r} must be >= 1")
+        if self.passes not in PASSES:
+            raise ValueError(f"passes={self.passes!r} must be one of {list(PASSES)}")
 
     @property
     def digest(self) -> str:
-        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+        fields = asdict(self)
+        if self.passes == "forward":
+            del fields["passes"]
+        return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def record_key(config, kernel: str, options: RunOptions) -> str:
@@ -109,8 +118,18 @@ def evaluate(
         return
     context = _references(case, options, cache)
     context.timings["build_s"] = time.perf_counter() - start
+    forward = options.passes != "backward"
     for kernel in kernels:
-        yield _evaluate_kernel(config, case, kernel, options, context)
+        if forward:
+            record = _evaluate_kernel(config, case, kernel, options, context)
+        else:  # the backward decides the verdict and status
+            record = _failed_record(config, kernel, options, "unsupported", None)
+            record["case"] = case.describe()
+        if options.passes != "forward":
+            seed = config.fields().get("seed") or 0
+            section = backward_section(case, seed, kernel, options)
+            record = clean(with_backward(record, section, forward_ran=forward))
+        yield record
 
 
 def _references(case: AttentionCase, options: RunOptions, cache: ExactCache) -> CaseReferences:
@@ -204,7 +223,9 @@ def _evaluate_kernel(config, case, kernel: Kernel, options, context: CaseReferen
     )
 
 
-def _failed_record(config, kernel: Kernel, options, status: str, message: str, findings=()) -> dict:
+def _failed_record(
+    config, kernel: Kernel, options, status: str, message: str | None, findings=()
+) -> dict:
     return clean(
         {
             "key": record_key(config, kernel.name, options),

@@ -41,7 +41,7 @@ def to_device(array: np.ndarray, device: str = "cuda", *, guard: int = GUARD) ->
 
     name = array.dtype.name
     host = array.view(np.uint16) if name == "bfloat16" else array
-    source = torch.from_numpy(np.ascontiguousarray(host)).to(device)
+    source = torch.from_numpy(np.array(host, order="C")).to(device)  # a copy: writable
     if name == "bfloat16":
         source = source.view(torch.bfloat16)
     B, S, H, X = array.shape

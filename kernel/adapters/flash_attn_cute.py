@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from attention_crossval.kernel.adapters import _torch
+from attention_crossval.kernel.adapters.flash_attn_cute_backward import CuteBackward, seqused
 from attention_crossval.kernel.known_findings import KnownFinding
 from attention_crossval.kernel.spec import KernelSpec
 from attention_crossval.reference.case import AttentionCase, CausalAlignment
@@ -50,32 +51,27 @@ def _spec() -> KernelSpec:
                 link="https://github.com/Dao-AILab/flash-attention",
             ),
         ),
+        backward=True,  # kernel/adapters/flash_attn_cute_backward.py; atomic dQ adds by default
     )
 
 
 @dataclass
-class FlashAttnCuteAdapter(_torch.GuardedOutputsAdapter):
-    """``flash_attn.cute`` forward with guard-banded, prefilled ``out`` and ``lse``."""
+class FlashAttnCuteAdapter(CuteBackward, _torch.GuardedOutputsAdapter):
+    """``flash_attn.cute`` forward with guard-banded, prefilled ``out`` and ``lse`` (and its
+    backward, :class:`~kernel.adapters.flash_attn_cute_backward.CuteBackward`)."""
 
     spec: KernelSpec = field(default_factory=_spec)
 
     def launch(self, case: AttentionCase, q: Any, k: Any, v: Any, out: Any, lse: Any) -> None:
-        import torch
         from flash_attn.cute.interface import _flash_attn_fwd
 
         mask = case.mask
-
-        def lengths(values: tuple[int, ...] | None) -> torch.Tensor | None:
-            return (
-                None if values is None else torch.tensor(values, dtype=torch.int32, device=q.device)
-            )
-
         _flash_attn_fwd(
             q,
             k,
             v,
-            seqused_q=lengths(mask.q_lengths),
-            seqused_k=lengths(mask.k_lengths),
+            seqused_q=seqused(mask.q_lengths, q.device),
+            seqused_k=seqused(mask.k_lengths, q.device),
             softmax_scale=case.softmax_scale,
             causal=mask.causal,
             window_size_left=mask.window_left,

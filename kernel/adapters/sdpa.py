@@ -20,6 +20,12 @@ Conventions, declared rather than failed on:
   efficient give 0 (``empty-rows``).
 * Outputs cannot be preallocated (no ``out=``), so the NaN-prefill and output guard-band checks
   do not apply; NaN padding, poisoned input guard bands, determinism and finiteness do.
+* Backward: autograd through the same call (``backward``); dk/dv of a GQA group are summed by
+  ``enable_gqa``'s autograd. Only math (one fp32 graph) is declared bitwise deterministic: the
+  fused backends' backward adds dQ partials atomically. The gradients come back from autograd
+  (no caller buffers), so again only input guards, determinism and finiteness apply.
+* ``spec.device`` is where the tensors go: "cuda" for every registered backend; a "cpu" copy of
+  the math backend exercises the adapter logic on a machine without a GPU.
 """
 
 from __future__ import annotations
@@ -33,7 +39,8 @@ from attention_crossval.kernel.harness import Declined
 from attention_crossval.kernel.known_findings import KnownFinding
 from attention_crossval.kernel.spec import KernelSpec
 from attention_crossval.reference.case import AttentionCase, AttentionResult, CausalAlignment
-from attention_crossval.reference.precision import StreamingPrecision
+from attention_crossval.reference.gradients import BackwardCase, Gradients
+from attention_crossval.reference.precision import BackwardPrecision, StreamingPrecision
 
 _FLOATS = frozenset({"float16", "bfloat16", "float32"})
 _HALVES = frozenset({"float16", "bfloat16"})
@@ -101,6 +108,12 @@ def _math_precision(dtype: str) -> StreamingPrecision:
     return StreamingPrecision(score_dtype="float32", accum_dtype="float32", output_dtype=dtype)
 
 
+def _math_backward_precision(dtype: str) -> BackwardPrecision:
+    """Autograd through the math backend's fp32 graph: P and dS never rounded, one fixed
+    order, the gradients rounded to the input dtype at the end."""
+    return BackwardPrecision(forward=_math_precision(dtype), output_dtype=dtype)
+
+
 @dataclass
 class SdpaAdapter:
     """One SDPA backend as a kernel adapter (``backend`` in math, flash, efficient, cudnn)."""
@@ -115,6 +128,7 @@ class SdpaAdapter:
             raise ValueError(f"backend={backend!r} must be one of {sorted(_BACKENDS)}")
         info = _BACKENDS[backend]
         precision = {d: _math_precision(d) for d in info.dtypes} if info.fp32_p else {}
+        backward = {d: _math_backward_precision(d) for d in info.dtypes} if info.fp32_p else {}
         spec = KernelSpec(
             name=f"sdpa-{backend}",
             dtypes=info.dtypes,
@@ -128,14 +142,40 @@ class SdpaAdapter:
             returns_lse=False,
             deterministic=True,
             known_findings=info.known,
+            backward=True,
+            backward_deterministic=info.fp32_p,  # the fused backends add dQ atomically
+            backward_precision=backward,
         )
         return cls(backend, spec)
 
     def __call__(self, case: AttentionCase) -> AttentionResult:
+        q, k, v = (
+            _torch.to_device(getattr(case, n), self.spec.device).transpose(1, 2) for n in "qkv"
+        )
+        o = self._attend(case, q, k, v)
+        self._synchronize()
+        return AttentionResult(o=_torch.to_host(o.transpose(1, 2)), lse=None)
+
+    def backward(self, case: BackwardCase) -> Gradients:
+        """Forward, then backward through autograd. The leaves are detached views of the
+        NaN-guarded inputs, so a read past a sequence's end still shows as non-finite."""
+        q, k, v = (
+            _torch.to_device(getattr(case.forward, n), self.spec.device)
+            .transpose(1, 2)
+            .detach()
+            .requires_grad_()
+            for n in "qkv"
+        )
+        o = self._attend(case.forward, q, k, v)
+        o.backward(_torch.to_device(case.do, self.spec.device).transpose(1, 2))
+        self._synchronize()
+        return Gradients(*(_torch.to_host(x.grad.transpose(1, 2)) for x in (q, k, v)))
+
+    def _attend(self, case: AttentionCase, q: Any, k: Any, v: Any) -> Any:
+        """SDPA on ``[B, H, S, X]`` views with this backend forced; a refusal is Declined."""
         import torch
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
-        q, k, v = (_torch.to_device(getattr(case, n)).transpose(1, 2) for n in "qkv")
         kwargs: dict[str, Any] = {"scale": case.softmax_scale}
         if case.group_size > 1:
             kwargs["enable_gqa"] = True
@@ -151,7 +191,7 @@ class SdpaAdapter:
             warnings.simplefilter("always")
             with sdpa_kernel([getattr(SDPBackend, _BACKENDS[self.backend].member)]):
                 try:
-                    o = torch.nn.functional.scaled_dot_product_attention(q, k, v, **kwargs)
+                    return torch.nn.functional.scaled_dot_product_attention(q, k, v, **kwargs)
                 except RuntimeError as error:
                     if "No available kernel" not in str(error):
                         raise
@@ -159,8 +199,12 @@ class SdpaAdapter:
                         {str(w.message).split("(Triggered")[0].strip() for w in caught}
                     )
                     raise Declined(f"sdpa-{self.backend}: {'; '.join(reasons)}") from None
-        torch.cuda.synchronize()
-        return AttentionResult(o=_torch.to_host(o.transpose(1, 2)), lse=None)
+
+    def _synchronize(self) -> None:
+        import torch
+
+        if self.spec.device == "cuda":
+            torch.cuda.synchronize()
 
 
 def math() -> SdpaAdapter:

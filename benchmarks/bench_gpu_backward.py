@@ -1,0 +1,154 @@
+"""Checked backward cases per 10 minutes and the findings per kernel, on the GPU.
+
+Each (kernel, shard) runs in its own process with its own isolated kernel worker, drawing
+backward cases with ``backward_cases(spec=...)`` and checking every one with
+``run_backward_case`` (poisoned padding, prefill and guards where the adapter allows,
+determinism, dq/dk/dv against float64 on every element and exact on sampled rows and keys).
+Prints one table naming the GPU; ``--json`` writes every verdict.
+
+    python -m benchmarks.bench_gpu_backward --minutes 3 --shards 2 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+
+class _TimeUp(Exception):
+    """Ends Hypothesis' generation once the shard's time is spent."""
+
+
+def _shard(kernel: str, shard: int, seconds: float, max_len: int, finding_dir: str | None) -> dict:
+    from hypothesis import HealthCheck, Phase, given, seed, settings
+
+    from attention_crossval.kernel.harness import IsolatedKernel
+    from attention_crossval.kernel.harness_backward import run_backward_case
+    from attention_crossval.kernel.registry import resolve
+    from attention_crossval.properties.strategies import backward_cases
+
+    adapter = resolve(kernel)
+    worker = IsolatedKernel(kernel, timeout_s=120.0)
+    deadline = time.monotonic() + seconds
+    verdicts: list[dict] = []
+    spec = adapter.spec
+    strategy = backward_cases(spec=spec, max_len=min(max_len, 4 * spec.tile_n + 1))
+
+    @seed(2000 + shard)
+    @settings(
+        max_examples=100_000,
+        deadline=None,
+        database=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(case=strategy)
+    def loop(case):
+        if time.monotonic() > deadline:
+            raise _TimeUp
+        verdict = run_backward_case(adapter, case, isolated=worker, finding_dir=finding_dir)
+        run_to_run = verdict.run_to_run
+        verdicts.append(
+            {
+                "case": verdict.case,
+                "skipped": verdict.skipped,
+                "findings": [[f.check, f.message[:2000], f.case_path] for f in verdict.findings],
+                "declared": list(verdict.declared),
+                "differing": None if run_to_run is None else run_to_run.differing,
+                "seconds": verdict.seconds,
+            }
+        )
+
+    start = time.monotonic()
+    try:
+        loop()
+    except _TimeUp:
+        pass
+    finally:
+        worker.close()
+    return {
+        "kernel": kernel,
+        "shard": shard,
+        "elapsed": time.monotonic() - start,
+        "verdicts": verdicts,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--kernel", action="append", default=[], help="name or dotted path; repeatable"
+    )
+    parser.add_argument("--minutes", type=float, default=3.0, help="wall time per shard")
+    parser.add_argument("--shards", type=int, default=2, help="processes per kernel")
+    parser.add_argument("--max-len", type=int, default=1 << 10)
+    parser.add_argument("--json", default=None, help="write every verdict here")
+    parser.add_argument("--finding-dir", default=None, help="save failing cases (.npz) here")
+    args = parser.parse_args()
+
+    from attention_crossval.kernel.registry import default_kernels
+    from benchmarks.bench_gpu_suite import _gpu_name
+
+    kernels = args.kernel or default_kernels(has_gpu=True, backward=True)
+    gpu = _gpu_name()
+    jobs = [(k, s) for k in kernels for s in range(args.shards)]
+    with ProcessPoolExecutor(
+        max_workers=len(jobs), mp_context=__import__("multiprocessing").get_context("spawn")
+    ) as pool:
+        futures = [
+            pool.submit(_shard, k, s, args.minutes * 60, args.max_len, args.finding_dir)
+            for k, s in jobs
+        ]
+        results = [f.result() for f in futures]
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump({"gpu": gpu, "results": results}, handle, indent=1)
+    _table(gpu, kernels, results, args.minutes)
+
+
+def _table(gpu: str, kernels: list[str], results: list[dict], minutes: float) -> None:
+    print(
+        f"\nGPU: {gpu}; {minutes:g} min per shard; backward checks: defensive + dq/dk/dv bound "
+        "(float64 every element, exact on sampled rows and keys)"
+    )
+    print(
+        f"{'kernel':<32} {'checked':>8} {'passed':>7} {'skipped':>8} {'per 10 min':>11} "
+        f"{'run-to-run differs':>19}  findings"
+    )
+    total, wall = 0, max((r["elapsed"] for r in results), default=1.0)
+    for kernel in kernels:
+        verdicts = [v for r in results if r["kernel"] == kernel for v in r["verdicts"]]
+        checked = [v for v in verdicts if v["skipped"] is None]
+        failed = collections.Counter(f[0] for v in checked for f in v["findings"])
+        passed = sum(1 for v in checked if not v["findings"])
+        differs = sum(1 for v in checked if v["differing"])
+        elapsed = max((r["elapsed"] for r in results if r["kernel"] == kernel), default=1.0)
+        total += len(checked)
+        fails = ", ".join(f"{k}={n}" for k, n in sorted(failed.items())) or "none"
+        skipped, rate = len(verdicts) - len(checked), 600 * len(checked) / elapsed
+        name = kernel.rpartition(":")[2]
+        print(
+            f"{name:<32} {len(checked):>8} {passed:>7} {skipped:>8} {rate:>11.0f} "
+            f"{differs:>19}  {fails}"
+        )
+    for kernel in kernels:
+        seen = set()
+        for r in results:
+            for v in r["verdicts"] if r["kernel"] == kernel else ():
+                for check, message, _ in v["findings"]:
+                    if check not in seen:
+                        seen.add(check)
+                        print(f"  {kernel} {check}: {v['case']}\n    {message[:400]}")
+    print(
+        f"{'all':<32} {total:>8} {'':>7} {'':>8} {600 * total / wall:>11.0f}  (wall {wall:.0f} s)"
+    )
+
+
+if __name__ == "__main__":
+    main()

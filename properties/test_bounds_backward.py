@@ -1,0 +1,217 @@
+"""Properties of the derived backward bound (reference/bounds_backward.py).
+
+The streaming backward emulating a declared chain must stay within ``backward_error_bound`` of
+the exact gradients (plus the exact tier's own radius) on every adversarial family; the bound
+must not be vacuous on ordinary cases; it must be sharp enough that emulating a different chain
+than the declared one fails; and elements nothing reaches get bound 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given, target
+from hypothesis import strategies as st
+
+from attention_crossval.properties.strategies import (
+    GRADIENT_DISTRIBUTIONS,
+    backward_cases,
+    build_do,
+)
+from attention_crossval.reference.bounds_backward import GradientBounds, backward_error_bound
+from attention_crossval.reference.case import AttentionCase, Mask
+from attention_crossval.reference.exact_backward import ExactGradients, exact_backward
+from attention_crossval.reference.gradients import BackwardCase, Gradients
+from attention_crossval.reference.masks import visible_all
+from attention_crossval.reference.precision import BackwardPrecision, StreamingPrecision
+from attention_crossval.reference.streaming_backward import streaming_backward
+
+pytestmark = pytest.mark.cpu
+
+GRADS = ("dq", "dk", "dv")
+CHAINS = ("flash", "permuted", "float64", "p_bf16_only", "ds_fp16_stale_max")
+
+
+def chain(dtype: str, name: str) -> BackwardPrecision:
+    """A declared chain by name: FlashAttention's (deterministic or atomic dQ adds), float64,
+    P alone rounded (to bf16) with fp32 outputs, dS alone rounded (to fp16) after FA4's
+    stale-max forward."""
+    flash = BackwardPrecision.flash_attention(dtype)
+    return {
+        "flash": flash,
+        "permuted": BackwardPrecision.flash_attention(dtype, deterministic=False),
+        "float64": BackwardPrecision.float64(),
+        "p_bf16_only": BackwardPrecision(forward=flash.forward, p_dtype="bfloat16"),
+        "ds_fp16_stale_max": BackwardPrecision(
+            forward=StreamingPrecision.flash_attention(dtype, rescale_threshold_log2=8.0),
+            ds_dtype="float16",
+        ),
+    }[name]
+
+
+def bound_fractions(
+    got: Gradients, exact: ExactGradients, bounds: GradientBounds
+) -> dict[str, np.ndarray]:
+    """``|got - exact| / (bound + exact radius)`` per element (inf where the allowance is 0 and
+    the error is not, 0 where both are)."""
+    out = {}
+    for name in GRADS:
+        err = np.abs((getattr(got, name) - getattr(exact, name)) - getattr(exact, name + "_lo"))
+        allowed = getattr(bounds, name) + getattr(exact, name + "_err_bound")
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out[name] = np.where(allowed > 0, err / allowed, np.where(err > 0, np.inf, 0))
+    return out
+
+
+def emulate(case: BackwardCase, precision: BackwardPrecision, block_n: int, seed: int = 0):
+    """(streaming emulation, exact gradients, the derived bounds) of one case."""
+    got = streaming_backward(case, precision, block_m=16, block_n=block_n, seed=seed)
+    exact = exact_backward(case)
+    return got, exact, backward_error_bound(case, precision, exact.as_gradients())
+
+
+@given(
+    backward_cases(max_len=40, max_heads=4),
+    st.sampled_from(CHAINS),
+    st.sampled_from([4, 16, 64]),
+    st.integers(0, 3),
+)
+def test_emulated_chain_stays_within_bound(case, name: str, block_n: int, seed: int) -> None:
+    """Every score distribution x dO distribution x mask x shape x dtype x chain x tiling."""
+    got, exact, bounds = emulate(case, chain(case.forward.dtype, name), block_n, seed)
+    for grad, fraction in bound_fractions(got, exact, bounds).items():
+        assert np.all(fraction <= 1), f"{grad} {name} block_n={block_n} {case.label}"
+        finite = fraction[np.isfinite(getattr(bounds, grad))]
+        target(float(finite.max(initial=0)), label=f"{grad} err / bound")
+
+
+def gaussian_case(dtype: str, *, causal: bool, seed: int = 0, S: int = 96, D: int = 32):
+    """Q, K ~ N(0, 1.5), V, dO ~ N(0, 1), two query heads on one kv head."""
+    rng = np.random.default_rng(seed)
+    cast = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    q, k, v, do = (
+        (rng.standard_normal(shape) * s).astype(cast)
+        for shape, s in (
+            ((1, S, 2, D), 1.5),
+            ((1, S, 1, D), 1.5),
+            ((1, S, 1, D), 1.0),
+            ((1, S, 2, D), 1.0),
+        )
+    )
+    return BackwardCase(AttentionCase(q, k, v, mask=Mask(causal=causal)), do)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_bound_is_not_vacuous_on_ordinary_cases(dtype: str, causal: bool) -> None:
+    """Gaussian inputs: no vacuous element without a mask, and the chain uses a visible share
+    of the bound. With a causal mask, dq of a few rows that one key dominates (max P > 1/2) may be
+    vacuous: there dq = scale sum_j P_j (g_j - D) k_j nearly cancels, while the error of D
+    (computed from the 16-bit O) enters as scale dD sum_j P_j k_j, which does not cancel."""
+    precision = chain(dtype, "flash")
+    case = gaussian_case(dtype, causal=causal)
+    got, exact, bounds = emulate(case, precision, 64)
+    vacuous = bounds.vacuous()
+    if causal:
+        assert vacuous["dk"] == vacuous["dv"] == 0 and vacuous["dq"] <= 0.02 * bounds.dq.size
+        is_vacuous = ((bounds.dq >= bounds.dq_scale) & (bounds.dq_scale > 0)).any(axis=-1)
+        assert np.all(max_probability(case)[is_vacuous] > 0.5)
+    else:
+        assert vacuous == {"dq": 0, "dk": 0, "dv": 0}
+    for grad, fraction in bound_fractions(got, exact, bounds).items():
+        assert 0.05 < fraction.max() <= 1, grad
+
+
+def max_probability(case: BackwardCase) -> np.ndarray:
+    """``[B, Sq, Hq]``: each row's largest softmax probability (float64)."""
+    f = case.forward
+    q, k = f.q.astype(np.float64), np.repeat(f.k.astype(np.float64), f.group_size, axis=2)
+    s = np.einsum("bihd,bjhd->bhij", q, k) * f.softmax_scale
+    s = np.where(visible_all(f), s, -np.inf)
+    p = np.exp(s - s.max(axis=-1, keepdims=True))
+    return (p.max(axis=-1) / p.sum(axis=-1)).transpose(0, 2, 1)
+
+
+def distribution_table(dtype: str = "bfloat16") -> dict[str, dict[str, float]]:
+    """Max err / bound per dO distribution and gradient (FlashAttention's chain on the gaussian
+    score case), the table in docs/backward.md."""
+    forward = gaussian_case(dtype, causal=False, S=64).forward
+    table = {}
+    for name, dist in GRADIENT_DISTRIBUTIONS.items():
+        case = build_do(dist, forward, seed=1)
+        got, exact, bounds = emulate(case, chain(dtype, "flash"), 64)
+        fractions = bound_fractions(got, exact, bounds)
+        table[name] = {g: float(fractions[g].max()) for g in GRADS}
+        table[name]["vacuous"] = float(sum(bounds.vacuous().values()))
+    return table
+
+
+def test_max_err_over_bound_per_do_distribution() -> None:
+    table = distribution_table()
+    print("\ndO distribution   dq err/bound  dk err/bound  dv err/bound  vacuous")
+    for name, row in table.items():
+        print(
+            f"{name:<16} {row['dq']:>12.3f} {row['dk']:>13.3f} {row['dv']:>13.3f} "
+            f"{int(row['vacuous']):>8d}"
+        )
+    for name, row in table.items():
+        assert all(0.01 < row[g] <= 1 for g in GRADS), (name, row)
+
+
+@pytest.mark.parametrize(
+    ("declared", "actual"),
+    [
+        ("float16", BackwardPrecision.flash_attention("bfloat16")),  # 16-bit format mix-up
+        ("float16", dataclasses.replace(BackwardPrecision.flash_attention("float16"),
+                                        output_dtype="bfloat16")),  # outputs rounded to bf16
+    ],
+)  # fmt: skip
+def test_bound_catches_a_chain_other_than_the_declared_one(declared, actual) -> None:
+    """fp16 declared, bf16 rounding of P, dS and O (or of the outputs) done: outside."""
+    case = gaussian_case("float16", causal=False)
+    got = streaming_backward(case, actual, block_m=16, block_n=64)
+    exact = exact_backward(case)
+    bounds = backward_error_bound(case, chain(declared, "flash"), exact.as_gradients())
+    fractions = bound_fractions(got, exact, bounds)
+    assert max(float(f.max()) for f in fractions.values()) > 1
+
+
+@given(backward_cases(max_len=12, max_heads=4, mask_kinds=("causal", "window", "varlen")))
+def test_elements_nothing_reaches_get_bound_zero(case: BackwardCase) -> None:
+    """Empty and padded query rows, and keys no row sees: the kernel must return exactly 0."""
+    f = case.forward
+    bounds = backward_error_bound(
+        case, chain(f.dtype, "flash"), exact_backward(case).as_gradients()
+    )
+    seen = visible_all(f)  # [B, Hq, Sq, Sk]
+    row_reached = seen.any(axis=3).transpose(0, 2, 1)  # [B, Sq, Hq]
+    key_reached = np.zeros((f.B, f.Sk, f.Hkv), dtype=bool)
+    for h in range(f.Hq):
+        key_reached[:, :, f.kv_head(h)] |= seen[:, h].any(axis=1)
+    assert np.all(bounds.dq[~row_reached] == 0)
+    assert np.all(bounds.dk[~key_reached] == 0) and np.all(bounds.dv[~key_reached] == 0)
+
+
+def test_float64_chain_bound_is_a_few_float64_ulps() -> None:
+    case = gaussian_case("bfloat16", causal=True, S=48)
+    got, exact, bounds = emulate(case, BackwardPrecision.float64(), 16)
+    for name in GRADS:
+        scale = getattr(bounds, f"{name}_scale")
+        assert np.all(getattr(bounds, name) <= 1e-11 * scale.max()), name
+
+
+def test_argument_validation() -> None:
+    case = gaussian_case("float16", causal=False, S=4, D=2)
+    precision = chain("float16", "flash")
+    reference = exact_backward(case).as_gradients()
+    with pytest.raises(ValueError, match="case"):
+        backward_error_bound(case.forward, precision, reference)
+    with pytest.raises(ValueError, match="precision"):
+        backward_error_bound(case, precision.forward, reference)
+    with pytest.raises(ValueError, match="reference.dk"):
+        backward_error_bound(case, precision, dataclasses.replace(reference, dk=reference.dq))
+    with pytest.raises(ValueError, match="block_n"):
+        backward_error_bound(case, precision, reference, block_n=0)

@@ -1,0 +1,288 @@
+"""Derived per-element error bound of a FlashAttention-style backward pass (dq, dk, dv).
+
+As for the forward (:mod:`reference.bounds`), the tolerance is not a fixed ``atol``/``rtol``:
+every gradient element gets the bound of the declared :class:`BackwardPrecision` chain,
+evaluated in float64 from the case (``docs/backward.md`` derives it). Per visible pair
+``(i, j)`` of a query row and a key, with ``c = log2(e) softmax_scale``, ``P`` the exact
+probability, ``g = dO_i . v_j``, ``D' = dO_i . O_i - dlse_i``, ``r = |g - D'|``, ``beta_O`` and
+``beta_L`` the forward chain's O and LSE bounds, ``u`` the unit roundoff of the backward's
+elementwise/accumulator dtype, ``u_m`` its MMA's (``mma_unit_roundoff`` for float32: tensor
+cores truncate), ``eps`` exp2's relative error, ``f`` the flush-to-zero threshold::
+
+    dt   = (1 + u) [c gamma_D(u_m) (1 + u) sum|q k| + u c|s| + 2u |LSE2| + log2(e) beta_L (1 + 2u)]
+           + u |t|                              (t = c s - LSE2, the exp2 argument)
+    w    = P expm1(ln2 dt + 2 eps) + f          >= |P^ - P|   (P recomputed from the saved LSE)
+    wP   = w + u_P (P + w) + sigma_P / 2        >= |P rounded for dV - P|
+    e_g  = gamma_Dv(u_m) sum|dO v|              >= |dP^ - g|
+    e_D  = (1 + u) [sum|dO| beta_O + gamma_Dv(u) sum|dO| (|O| + beta_O)] + u |D'|
+    e_dS = w r + (P + w)(e_g + e_D) + gamma_2(u) (P + w)(r + e_g + e_D)    >= |dS^ - dS|
+    x    = e_dS + u_dS (P r + e_dS) + sigma_dS / 2                         (dS rounded for MMAs)
+
+then, with ``N`` the products each element sums (``Sk`` for dq, ``group * Sq`` for dk/dv; any
+summation order or blocking is a summation tree of them, so ``gamma_N`` covers atomic adds)::
+
+    dq: A = sum_j x |k_j| + gamma_N(u_m) sum_j (P r + x) |k_j|,  M = sum_j P r |k_j|
+        |dq^ - dq| <= scale [A (1 + u)^2 + M (2u + u^2)]     (the scale multiply in the accumulator)
+    dk: the same over i with |q_i| (and every query head of the group)
+    dv: sum_i wP |dO_i| + gamma_N(u_m) sum_i (P + wP) |dO_i|
+
+and a narrower output dtype multiplies by ``1 + u_o`` and adds ``u_o |reference| +
+sigma_o / 2``; where ``|reference|`` or ``M`` plus the bound reaches the accumulator's or the
+output's largest finite value, the result may overflow and the bound is inf. ``M`` (``scale
+sum P r |k|`` etc.) bounds ``|gradient|``: a bound at least ``M`` cannot tell the gradient from
+0, so such elements are counted *vacuous* (:meth:`GradientBounds.vacuous`). Elements no visible
+pair reaches get bound 0 (the kernel must
+return exactly 0). Evaluated in float64, row chunks at a time, times ``1 + 2^-30``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from attention_crossval.reference.bounds import (
+    EVALUATION_SLACK,
+    _check,
+    error_bound,
+    format_info,
+    gamma,
+    lse_error_bound,
+    unit_roundoff,
+)
+from attention_crossval.reference.case import AttentionResult
+from attention_crossval.reference.gradients import BackwardCase, Gradients
+from attention_crossval.reference.masks import visible
+from attention_crossval.reference.precision import LN_2, LOG2_E, BackwardPrecision
+
+GRADIENTS = ("dq", "dk", "dv")
+_ROW_CHUNK_ELEMENTS = 1 << 18  # rows x keys per chunk: ~20 float64 arrays of it live
+
+
+@dataclass(frozen=True, eq=False)
+class GradientBounds:
+    """Per-element bounds on ``|gradient_kernel - gradient_exact|`` for dq, dk, dv (layout of
+    :class:`~reference.gradients.Gradients`), and ``*_scale``: the magnitude M of the terms each
+    element sums (which bounds the gradient itself), without pairs whose ``g - D'`` is a
+    structural zero (below float64's resolution of it)."""
+
+    dq: np.ndarray
+    dk: np.ndarray
+    dv: np.ndarray
+    dq_scale: np.ndarray
+    dk_scale: np.ndarray
+    dv_scale: np.ndarray
+
+    def vacuous(self) -> dict[str, int]:
+        """Per gradient, elements whose bound is inf or at least their scale (> 0): there the
+        bound admits 0 and either sign, so a pass proves little."""
+        out = {}
+        for name in GRADIENTS:
+            bound, scale = getattr(self, name), getattr(self, f"{name}_scale")
+            out[name] = int((np.isinf(bound) | ((scale > 0) & (bound >= scale))).sum())
+        return out
+
+
+@dataclass(frozen=True)
+class _BackwardChain:
+    """Unit roundoffs of each backward stage (module docstring)."""
+
+    u: float
+    u_m: float
+    eps: float
+    ftz: float
+    u_p: float
+    half_sub_p: float
+    u_ds: float
+    half_sub_ds: float
+    u_o: float
+    half_sub_o: float
+    overflow: float  # the smallest magnitude the accumulator or the output may turn into inf
+
+    @classmethod
+    def of(cls, precision: BackwardPrecision, exp2_error_ulp: float, mma_u: float):
+        acc = precision.accum_dtype
+        u = unit_roundoff(acc)
+
+        def rounding(dtype: str | None) -> tuple[float, float]:
+            if dtype is None or dtype == acc:
+                return 0.0, 0.0
+            return unit_roundoff(dtype), float(format_info(dtype).smallest_subnormal) / 2
+
+        u_p, half_sub_p = rounding(precision.p_dtype)
+        u_ds, half_sub_ds = rounding(precision.ds_dtype)
+        u_o, half_sub_o = rounding(precision.output_dtype)
+        return cls(
+            u=u,
+            u_m=mma_u if acc == "float32" else u,
+            eps=exp2_error_ulp * 2 * u,
+            ftz=float(format_info(acc).tiny),
+            u_p=u_p,
+            half_sub_p=half_sub_p,
+            u_ds=u_ds,
+            half_sub_ds=half_sub_ds,
+            u_o=u_o,
+            half_sub_o=half_sub_o,
+            overflow=min(float(format_info(t).max) for t in (acc, precision.output_dtype or acc)),
+        )
+
+
+def backward_error_bound(
+    case: BackwardCase,
+    precision: BackwardPrecision,
+    reference: Gradients,
+    *,
+    block_n: int = 1,
+    exp2_error_ulp: float = 2.0,
+    mma_unit_roundoff: float = 2**-23,
+) -> GradientBounds:
+    """Rigorous per-element bounds on a kernel's dq, dk, dv under ``precision`` (module
+    docstring). ``reference`` (e.g. float64 gradients; NaN where unknown) supplies the
+    magnitudes for the output rounding; P, O, LSE and D are recomputed in float64. ``block_n``
+    is the forward's K/V tile, which the O and LSE bounds of ``precision.forward`` depend on:
+    the default 1 is valid for every tiling; the kernel's tile tightens it a little.
+    """
+    if not isinstance(case, BackwardCase):
+        raise ValueError(f"case must be a BackwardCase, got {type(case).__name__}")
+    if not isinstance(precision, BackwardPrecision):
+        raise ValueError(f"precision must be a BackwardPrecision, got {type(precision).__name__}")
+    fwd = case.forward
+    _check(fwd, precision.forward, block_n, exp2_error_ulp, mma_unit_roundoff, "any")
+    _check_reference(case, reference)
+    chain = _BackwardChain.of(precision, float(exp2_error_ulp), float(mma_unit_roundoff))
+    unknown = AttentionResult(o=np.full((fwd.B, fwd.Sq, fwd.Hq, fwd.Dv), np.nan), lse=None)
+    options = dict(
+        block_n=block_n, exp2_error_ulp=exp2_error_ulp, mma_unit_roundoff=mma_unit_roundoff
+    )
+    beta_o = error_bound(fwd, unknown, precision.forward, **options)
+    beta_l = lse_error_bound(fwd, unknown, precision.forward, **options)
+    sums = _PairSums(case)
+    chunk = max(1, _ROW_CHUNK_ELEMENTS // max(fwd.Sk, 1))
+    # An unbounded forward (inf) times a zero term gives NaN, mapped to inf at the end.
+    with np.errstate(over="ignore", invalid="ignore"):
+        for b in range(fwd.B):
+            for h in range(fwd.Hq):
+                for r0 in range(0, fwd.Sq, chunk):
+                    rows = slice(r0, min(r0 + chunk, fwd.Sq))
+                    _add_chunk(case, chain, b, h, rows, beta_o, beta_l, sums)
+    u, scale = chain.u, fwd.softmax_scale
+    n_dq, n_dkv = fwd.Sk, fwd.group_size * fwd.Sq
+
+    def finish(total: np.ndarray, magnitude: np.ndarray, ref: np.ndarray) -> np.ndarray:
+        total = np.where(np.isnan(total), np.inf, total)  # inf * 0: an unbounded P error
+        ref = np.where(np.isfinite(ref), np.abs(ref), magnitude)
+        with np.errstate(invalid="ignore"):  # inf * 0 where the output is not rounded
+            out = total * (1 + chain.u_o) + chain.u_o * ref + chain.half_sub_o
+        # A partial sum or the result may overflow the accumulator or the output: no bound.
+        out = np.where(np.maximum(ref, magnitude) + total < chain.overflow, out, np.inf)
+        out = np.where(np.isnan(out), np.inf, out * EVALUATION_SLACK)
+        return np.where((total > 0) | (magnitude > 0), out, 0)
+
+    def scaled(first: np.ndarray, second: np.ndarray, magnitude: np.ndarray, n: int):
+        accumulated = first + gamma(n, chain.u_m) * second
+        return scale * (accumulated * (1 + u) ** 2 + magnitude * (2 * u + u * u))
+
+    dq_mag, dk_mag = scale * sums.dq_mag, scale * sums.dk_mag
+    return GradientBounds(
+        dq=finish(scaled(sums.dq_x, sums.dq_xs, sums.dq_mag, n_dq), dq_mag, reference.dq),
+        dk=finish(scaled(sums.dk_x, sums.dk_xs, sums.dk_mag, n_dkv), dk_mag, reference.dk),
+        dv=finish(sums.dv_w + gamma(n_dkv, chain.u_m) * sums.dv_ws, sums.dv_mag, reference.dv),
+        dq_scale=scale * sums.dq_resolved,
+        dk_scale=scale * sums.dk_resolved,
+        dv_scale=sums.dv_mag,
+    )
+
+
+class _PairSums:
+    """The per-element sums over visible pairs (module docstring): ``*_x`` the rounding terms,
+    ``*_xs`` what gamma_N multiplies, ``*_mag`` the magnitudes M (dq/dk before the scale),
+    ``*_resolved`` M without the pairs whose ``r`` is below float64's resolution."""
+
+    def __init__(self, case: BackwardCase) -> None:
+        f = case.forward
+        self.dq_x, self.dq_xs, self.dq_mag = (np.zeros((f.B, f.Sq, f.Hq, f.D)) for _ in range(3))
+        self.dk_x, self.dk_xs, self.dk_mag = (np.zeros((f.B, f.Sk, f.Hkv, f.D)) for _ in range(3))
+        self.dv_w, self.dv_ws, self.dv_mag = (np.zeros((f.B, f.Sk, f.Hkv, f.Dv)) for _ in range(3))
+        self.dq_resolved = np.zeros((f.B, f.Sq, f.Hq, f.D))  # M over the resolved |dS| only
+        self.dk_resolved = np.zeros((f.B, f.Sk, f.Hkv, f.D))
+
+
+def _add_chunk(
+    case: BackwardCase,
+    chain: _BackwardChain,
+    b: int,
+    h: int,
+    rows: slice,
+    beta_o: np.ndarray,
+    beta_l: np.ndarray,
+    sums: _PairSums,
+) -> None:
+    """Float64 P, O, LSE, D of one row chunk of (b, h) and its pair terms, added into ``sums``."""
+    f = case.forward
+    u, kv_head = chain.u, f.kv_head(h)
+    seen = visible(f, b, h, rows)
+    live_rows, live_keys = seen.any(axis=1), seen.any(axis=0)
+    if not live_rows.any():
+        return
+    q = np.where(live_rows[:, None], f.q[b, rows, h].astype(np.float64), 0)  # padding: never
+    do = np.where(live_rows[:, None], case.do[b, rows, h].astype(np.float64), 0)  # read
+    k = np.where(live_keys[:, None], f.k[b, :, kv_head].astype(np.float64), 0)
+    v = np.where(live_keys[:, None], f.v[b, :, kv_head].astype(np.float64), 0)
+    dlse = 0.0 if case.dlse is None else np.where(live_rows, case.dlse[b, h, rows], 0)
+    c = LOG2_E * f.softmax_scale
+    s = q @ k.T
+    m = np.where(live_rows, np.where(seen, s, -np.inf).max(axis=1), 0)[:, None]
+    p = np.exp2(c * np.where(seen, s - m, -np.inf))  # 0 where masked
+    l = np.where(live_rows, p.sum(axis=1), 1)[:, None]
+    p /= l  # P, the exact probabilities (float64)
+    lse2 = np.where(live_rows[:, None], c * m + np.log2(l), 0)  # LSE2 = LSE log2(e)
+    o = p @ v
+    d = (do * o).sum(axis=1, keepdims=True) - np.asarray(dlse).reshape(-1, 1)  # D'
+    r = np.abs(do @ v.T - d)  # |g - D'|
+    beta_o_rows = np.where(live_rows[:, None], beta_o[b, rows, h], 0)
+    beta_l_rows = np.where(live_rows, beta_l[b, h, rows], 0)[:, None]
+    D, Dv = f.D, f.Dv
+    # dt: the exp2 argument's error (S by MMA, c and LSE2 rounded, the FMA, the forward's LSE).
+    arg = c * gamma(D, chain.u_m) * (1 + u) * (np.abs(q) @ np.abs(k).T)
+    arg += u * c * np.abs(s) + 2 * u * np.abs(lse2) + LOG2_E * beta_l_rows * (1 + 2 * u)
+    dt = (1 + u) * arg + u * np.abs(c * s - lse2)
+    w = np.where(seen, p * np.expm1(LN_2 * dt + 2 * chain.eps) + chain.ftz, 0)
+    w_p = np.where(seen, w + chain.u_p * (p + w) + chain.half_sub_p, 0)
+    e_g = gamma(Dv, chain.u_m) * (np.abs(do) @ np.abs(v).T)
+    abs_do = np.abs(do)
+    e_d0 = (abs_do * beta_o_rows).sum(axis=1, keepdims=True)
+    e_d0 += gamma(Dv, u) * (abs_do * (np.abs(o) + beta_o_rows)).sum(axis=1, keepdims=True)
+    e_d = (1 + u) * e_d0 + u * np.abs(d)
+    e_ds = w * r + (p + w) * (e_g + e_d) + gamma(2, u) * (p + w) * (r + e_g + e_d)
+    x = np.where(seen, e_ds + chain.u_ds * (p * r + e_ds) + chain.half_sub_ds, 0)
+    ds = p * r  # |dS|
+    # The vacuity scale counts only r the float64 recomputation resolves: structural zeros
+    # (a row with one key has g = D' exactly) must not look like a vacuous bound.
+    ds_resolved = np.where(r > 2.0**-40 * (np.abs(do) @ np.abs(v).T + np.abs(d)), ds, 0)
+    abs_q, abs_k = np.abs(q), np.abs(k)
+    sums.dq_x[b, rows, h] += x @ abs_k
+    sums.dq_xs[b, rows, h] += (ds + x) @ abs_k
+    sums.dq_mag[b, rows, h] += ds @ abs_k
+    sums.dq_resolved[b, rows, h] += ds_resolved @ abs_k
+    sums.dk_x[b, :, kv_head] += x.T @ abs_q
+    sums.dk_xs[b, :, kv_head] += (ds + x).T @ abs_q
+    sums.dk_mag[b, :, kv_head] += ds.T @ abs_q
+    sums.dk_resolved[b, :, kv_head] += ds_resolved.T @ abs_q
+    sums.dv_w[b, :, kv_head] += w_p.T @ abs_do
+    sums.dv_ws[b, :, kv_head] += (p + w_p).T @ abs_do
+    sums.dv_mag[b, :, kv_head] += p.T @ abs_do
+
+
+def _check_reference(case: BackwardCase, reference: Gradients) -> None:
+    if not isinstance(reference, Gradients):
+        raise ValueError(f"reference must be a Gradients, got {type(reference).__name__}")
+    f = case.forward
+    shapes = {
+        "dq": (f.B, f.Sq, f.Hq, f.D),
+        "dk": (f.B, f.Sk, f.Hkv, f.D),
+        "dv": (f.B, f.Sk, f.Hkv, f.Dv),
+    }
+    for name, shape in shapes.items():
+        got = np.shape(getattr(reference, name))
+        if got != shape:
+            raise ValueError(f"reference.{name} shape {got} must be {shape}")
