@@ -61,9 +61,10 @@ def record_problem(record: object) -> str | None:
 
 
 def _record_rule(record: dict, where: str) -> str | None:
-    """The rule readers rely on beyond the schema: an ``ok`` record's ``primary_pair`` names
-    one of its ``pairs``."""
-    if record["status"] == "ok" and record.get("primary_pair") not in record["pairs"]:
+    """The rule readers rely on beyond the schema: an ``ok`` record with forward pairs (a
+    backward-only record has none) has a ``primary_pair`` naming one of them."""
+    forward = record["pairs"] or "backward" not in record
+    if record["status"] == "ok" and forward and record.get("primary_pair") not in record["pairs"]:
         return (
             f"{where}: status 'ok' needs primary_pair naming one of its pairs "
             f"{sorted(record['pairs'])}, got {record.get('primary_pair')!r}"
