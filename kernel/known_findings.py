@@ -17,11 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from attention_crossval.kernel.verdict import CHECKS, Finding, Verdict
+from attention_crossval.kernel.verdict import BACKWARD_CHECKS, CHECKS, Finding, Verdict
 from attention_crossval.reference.case import INPUT_DTYPES, AttentionCase, Mask
 
 if TYPE_CHECKING:
     from attention_crossval.kernel.spec import KernelAdapter, KernelSpec
+    from attention_crossval.reference.gradients import BackwardCase
 
 # The check whose trigger the harness plants itself (NaN in padding): a known one says nothing
 # about the other checks, so they are run again with zero padding (:func:`run_with_known`).
@@ -38,16 +39,24 @@ class KnownFinding:
     * ``reason``: what the kernel does, in one or two sentences.
     * ``link``: the upstream issue, or the upstream repository when not yet reported (then the
       reason says so).
+    * ``backward``: it is a finding of the backward pass (a check of
+      ``kernel.verdict.BACKWARD_CHECKS``), not of the forward.
     """
 
     check: str
     mask_kinds: frozenset[str]
     reason: str
     link: str
+    backward: bool = False
 
     def __post_init__(self) -> None:
-        if self.check not in CHECKS:
-            raise ValueError(f"known_finding.check={self.check!r} must be one of {list(CHECKS)}")
+        if not isinstance(self.backward, bool):
+            raise ValueError(f"known_finding.backward={self.backward!r} must be a bool")
+        vocabulary = BACKWARD_CHECKS if self.backward else CHECKS
+        if self.check not in vocabulary:
+            raise ValueError(
+                f"known_finding.check={self.check!r} must be one of {list(vocabulary)}"
+            )
         kinds = self.mask_kinds
         if not isinstance(kinds, (frozenset, set, tuple, list)) or not all(
             isinstance(kind, str) for kind in kinds
@@ -69,19 +78,27 @@ class KnownFinding:
             return "every case"
         return f"{' or '.join(sorted(self.mask_kinds))} masks"
 
+    @property
+    def name(self) -> str:
+        """The check, prefixed ``backward`` for a backward finding."""
+        return f"backward {self.check}" if self.backward else self.check
+
     def __str__(self) -> str:
-        return f"known {self.check} with {self.when}: {self.reason} ({self.link})"
+        return f"known {self.name} with {self.when}: {self.reason} ({self.link})"
 
     def to_dict(self) -> dict[str, str]:
-        return {"check": self.check, "when": self.when, "reason": self.reason, "link": self.link}
+        return {"check": self.name, "when": self.when, "reason": self.reason, "link": self.link}
 
 
 def covering(
-    spec: KernelSpec, case: AttentionCase, findings: Iterable[Finding]
+    spec: KernelSpec, case: AttentionCase, findings: Iterable[Finding], *, backward: bool = False
 ) -> tuple[KnownFinding, ...]:
-    """The known findings of ``spec`` covering every one of ``findings`` on ``case``, in
-    declaration order; empty when there is no finding or one is not covered."""
-    applicable = [known for known in spec.known_findings if known.applies(case)]
+    """The known findings of ``spec`` (of the backward pass if ``backward``) covering every one
+    of ``findings`` on ``case``, in declaration order; empty when there is no finding or one is
+    not covered."""
+    applicable = [
+        known for known in spec.known_findings if known.backward == backward and known.applies(case)
+    ]
     checks = {finding.check for finding in findings}
     covered = {known.check for known in applicable}
     if not checks or not checks <= covered:
@@ -130,12 +147,36 @@ def run_with_known(adapter: KernelAdapter, case: AttentionCase, **kwargs: Any) -
     )
 
 
-def xfail_if_known(verdict: Verdict, spec: KernelSpec, case: AttentionCase) -> None:
+def run_backward_with_known(adapter: Any, case: BackwardCase, **kwargs: Any) -> Any:
+    """``kernel.harness_backward.run_backward_case``, with :func:`run_with_known`'s rerun: when
+    every finding is a known backward one and one is ``padding-read``, the case runs again
+    with zero padding and without that check, so the bounds and zero gradients still apply."""
+    from attention_crossval.kernel.harness_backward import (
+        fill_backward_padding,
+        run_backward_case,
+    )
+
+    verdict = run_backward_case(adapter, case, **kwargs)
+    known = covering(adapter.spec, case.forward, verdict.findings, backward=True)
+    if not any(k.check == _PLANTED for k in known):
+        return verdict
+    again = run_backward_case(
+        adapter, fill_backward_padding(case, 0.0), skip_checks=frozenset({_PLANTED}), **kwargs
+    )
+    planted = tuple(f for f in verdict.findings if f.check == _PLANTED)
+    return replace(
+        again, findings=planted + again.findings, seconds=verdict.seconds + again.seconds
+    )
+
+
+def xfail_if_known(
+    verdict: Verdict, spec: KernelSpec, case: AttentionCase, *, backward: bool = False
+) -> None:
     """When every failed check of ``verdict`` is a known finding of ``spec`` on ``case``:
     ``pytest.xfail`` with the reasons; inside a Hypothesis test, the example is rejected instead
     (with a Hypothesis event naming the finding), because an xfail there ends the search and
     hides the kernel's other bugs. Otherwise return (the caller raises the failures)."""
-    known = covering(spec, case, verdict.findings)
+    known = covering(spec, case, verdict.findings, backward=backward)
     if not known:
         return
     reason = "; ".join(str(k) for k in known)
@@ -149,6 +190,15 @@ def xfail_if_known(verdict: Verdict, spec: KernelSpec, case: AttentionCase) -> N
     pytest.xfail(reason)
 
 
+def backward_trigger_case(spec: KernelSpec, known: KnownFinding) -> BackwardCase:
+    """:func:`trigger_case` with a gaussian upstream gradient, for a backward finding."""
+    from attention_crossval.reference.gradients import BackwardCase
+
+    forward = trigger_case(spec, known)
+    do = np.random.default_rng(1).standard_normal((forward.B, forward.Sq, forward.Hq, forward.Dv))
+    return BackwardCase(forward, do.astype(forward.q.dtype), label=forward.label)
+
+
 def trigger_case(spec: KernelSpec, known: KnownFinding) -> AttentionCase:
     """A small deterministic case inside ``spec`` on which ``known`` shows, for the strict-xfail
     test: ``padding-read``: two batches of ``2 * tile_n`` keys, valid lengths ending mid-tile
@@ -160,7 +210,7 @@ def trigger_case(spec: KernelSpec, known: KnownFinding) -> AttentionCase:
     Sk = 2 * spec.tile_n
     if known.check == "padding-read" and "varlen" in known.mask_kinds:
         B, Sq, mask = 2, spec.tile_m, Mask(k_lengths=(Sk - spec.tile_n // 2, spec.tile_n // 2))
-    elif known.check == "empty-rows" and "explicit" in known.mask_kinds:
+    elif known.check in ("empty-rows", "zero-grad") and "explicit" in known.mask_kinds:
         B, Sq = 1, spec.tile_m
         explicit = rng.random((1, 1, Sq, Sk)) < 0.5
         explicit[..., : Sq // 4, :] = False  # the first quarter of the rows sees no key

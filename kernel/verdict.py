@@ -29,6 +29,21 @@ CHECKS = (
     "bound",
     "lse",
 )
+# The backward harness's checks (kernel/harness_backward.py), same vocabulary where they overlap.
+BACKWARD_CHECKS = (
+    "error",
+    "crash",
+    "timeout",
+    "output-guard",
+    "unwritten",
+    "padding-read",
+    "nonfinite",
+    "determinism",
+    "zero-grad",
+    "dq-bound",
+    "dk-bound",
+    "dv-bound",
+)
 
 
 class CheckFailed(AssertionError):

@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 
 from attention_crossval.kernel.harness import CheckFailed, run_case
-from attention_crossval.kernel.known_findings import trigger_case
+from attention_crossval.kernel.harness_backward import run_backward_case
+from attention_crossval.kernel.known_findings import backward_trigger_case, trigger_case
 from attention_crossval.kernel.registry import GPU_BUILTIN
 from attention_crossval.properties.kernels_under_test import (
     close_workers,
@@ -32,7 +33,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         for index, known in enumerate(spec.known_findings):
             expected = pytest.mark.xfail(strict=True, raises=CheckFailed, reason=str(known))
             params.append(
-                kernel_param(name, index, marks=(expected,), id=f"{spec.name}-{known.check}")
+                kernel_param(name, index, marks=(expected,), id=f"{spec.name}-{known.name}")
             )
     if not params:  # no kernel under test declares a known finding: one visible skip
         skip = pytest.mark.skip(reason="no kernel under test declares a known finding")
@@ -50,7 +51,10 @@ def test_known_finding_still_reproduces(known_kernel: str, known_index: int) -> 
     """The known check passes on its trigger case: false (xfail) until the kernel is fixed."""
     adapter = kernel_adapter(known_kernel)
     known = adapter.spec.known_findings[known_index]
-    verdict = run_case(adapter, trigger_case(adapter.spec, known))
+    if known.backward:
+        verdict = run_backward_case(adapter, backward_trigger_case(adapter.spec, known))
+    else:
+        verdict = run_case(adapter, trigger_case(adapter.spec, known))
     if verdict.skipped is not None:
         pytest.skip(f"trigger case skipped: {verdict.skipped}")
     verdict.raise_for(known.check)
