@@ -43,6 +43,8 @@ class KernelSpec:
     * ``padded_rows``: query rows past ``q_lengths``: "zero" (written as empty rows) or
       "unwritten" (left as they were). Declared differences are checked and translated by the
       harness, never reported as failures.
+    * ``softcap``, ``sink``: it takes ``case.softcap`` / ``case.sink`` (default off, so those
+      cases are never generated for it).
     """
 
     name: str
@@ -61,6 +63,8 @@ class KernelSpec:
     deterministic: bool = True
     empty_rows: str = "zero"
     padded_rows: str = "zero"
+    softcap: bool = False
+    sink: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -72,7 +76,7 @@ class KernelSpec:
                     f"spec.{name}={value!r} must be a set (frozenset, set, tuple or list), "
                     f"not {type(value).__name__}"
                 )
-        for name in ("gqa", "returns_lse", "deterministic"):
+        for name in ("gqa", "returns_lse", "deterministic", "softcap", "sink"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise ValueError(f"spec.{name}={getattr(self, name)!r} must be a bool")
         if not isinstance(self.causal_alignment, CausalAlignment):
@@ -139,6 +143,10 @@ class KernelSpec:
             return f"mask kinds {sorted(missing)} not supported"
         if case.group_size > 1 and not self.gqa:
             return "GQA/MQA (Hq > Hkv) not supported"
+        if case.softcap is not None and not self.softcap:
+            return "softcap not supported"
+        if case.sink is not None and not self.sink:
+            return "learnable sink not supported"
         if max(case.Sq, case.Sk) > self.max_seqlen:
             return f"sequence length above max_seqlen={self.max_seqlen}"
         aligned = case.mask.causal or "window" in case.mask.kinds

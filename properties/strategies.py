@@ -41,6 +41,7 @@ from attention_crossval.properties._strategies.shapes import (
     shape_class,
     tile_aware_lengths,
 )
+from attention_crossval.properties._strategies.surface import SURFACES, surface_cases
 from attention_crossval.reference.case import INPUT_DTYPES, AttentionCase, CausalAlignment
 
 # The reference tiers as a "kernel": every dtype and mask, small head dims and tiles so CPU
@@ -194,6 +195,7 @@ def attention_cases(
 __all__ = [
     "DISTRIBUTIONS",
     "REFERENCE_SPEC",
+    "SURFACES",
     "Evidence",
     "ScoreDistribution",
     "Shape",
@@ -206,5 +208,6 @@ __all__ = [
     "scaled_scores",
     "score_distributions",
     "shape_class",
+    "surface_cases",
     "tile_aware_lengths",
 ]

@@ -43,6 +43,9 @@ class Config:
       the inputs); ``tile_n`` the K block its patterns align to (e.g. ``ramp``: a new max in
       every block); ``noise`` the scale of the non-pattern key coordinates.
     * ``seed``: the NumPy seed the inputs are drawn from.
+    * ``softcap``: the case's softcap (None = none); ``sink``: one sink logit for every query
+      head, rounded to float32 (None = none). Left out of :meth:`fields` when None, so configs
+      without them keep their digests and inputs.
     * ``name``: unique within a report; derived from the fields when left empty.
     """
 
@@ -59,6 +62,8 @@ class Config:
     noise: float = 0.0
     seed: int = 0
     name: str = ""
+    softcap: float | None = None
+    sink: float | None = None
 
     def __post_init__(self) -> None:
         # isinstance first: a list or dict value would make the membership tests raise TypeError.
@@ -87,16 +92,31 @@ class Config:
             raise ValueError(f"config.noise={noise!r} must be a finite number >= 0")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
             raise ValueError(f"config.seed={self.seed!r} must be an int >= 0 (a NumPy seed)")
+        for key in ("softcap", "sink"):
+            value = getattr(self, key)
+            if value is not None and (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not math.isfinite(value)
+                or (key == "softcap" and value <= 0)
+            ):
+                rule = "> 0" if key == "softcap" else "(a float32 logit)"
+                raise ValueError(f"config.{key}={value!r} must be None or a finite number {rule}")
+        if self.sink is not None and abs(self.sink) > float(np.finfo(np.float32).max):
+            raise ValueError(f"config.sink={self.sink!r} must be within the float32 range")
         if not isinstance(self.name, str):
             raise ValueError(f"config.name={self.name!r} must be a string (empty: derived)")
         if not self.name:
             short = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}[self.dtype]
             name = f"{short}-d{self.D}-q{self.Sq}-k{self.Sk}-{self.mask}-{self.distribution}"
+            name += "" if self.softcap is None else f"-cap{self.softcap:g}"
+            name += "" if self.sink is None else f"-sink{self.sink:g}"
             object.__setattr__(self, "name", name if self.seed == 0 else f"{name}-s{self.seed}")
 
     def fields(self) -> dict:
         """The recipe as plain JSON values (what the report records and config files hold)."""
-        return dataclasses.asdict(self)
+        fields = dataclasses.asdict(self)
+        return {k: v for k, v in fields.items() if v is not None or k not in ("softcap", "sink")}
 
     @property
     def digest(self) -> str:
@@ -123,7 +143,10 @@ class Config:
                 a.astype(INPUT_DTYPES[self.dtype])
                 for a in DISTRIBUTIONS[self.distribution].build(context)
             )
-        return AttentionCase(q, k, v, mask=mask, label=f"report:{self.name}")
+        sink = None if self.sink is None else np.full(self.Hq, self.sink, np.float32)
+        return AttentionCase(
+            q, k, v, mask=mask, label=f"report:{self.name}", softcap=self.softcap, sink=sink
+        )
 
 
 @dataclass(frozen=True, eq=False)

@@ -27,6 +27,8 @@ def _spec() -> KernelSpec:
         tile_n=64,
         returns_lse=True,
         device="cpu",
+        softcap=True,
+        sink=True,
     )
 
 

@@ -1,0 +1,76 @@
+"""Deliberately broken streaming tiers for the forward surface (softcap, sinks).
+
+Built like :mod:`properties.mutants` (textual mutation of ``reference/streaming.py``, a snippet
+that disappears raises) and hunted by the same float64 agreement property, on
+:func:`surface_reference_cases`: the reference tiers' cases with a softcap or a sink set.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+
+from hypothesis import strategies as st
+
+from attention_crossval.properties._strategies.surface import surface_cases
+from attention_crossval.properties.mutants import Mutant, Mutation, mutated_module
+from attention_crossval.properties.strategies import REFERENCE_SPEC, attention_cases
+from attention_crossval.reference.case import AttentionCase
+
+STREAMING = "attention_crossval.reference.streaming"
+
+#: The reference tiers as a kernel that also takes a softcap and a sink.
+SURFACE_SPEC = dataclasses.replace(
+    REFERENCE_SPEC, name="reference-surface", softcap=True, sink=True
+)
+
+
+def surface_reference_cases(
+    surfaces: tuple[str, ...] | None = None, **kwargs
+) -> st.SearchStrategy[AttentionCase]:
+    """``attention_cases(**kwargs)`` with one of ``surfaces`` (default: all) set."""
+    return surface_cases(attention_cases(**kwargs), spec=SURFACE_SPEC, surfaces=surfaces)
+
+
+SURFACE_MUTANTS: dict[str, Mutant] = {
+    m.name: m
+    for m in (
+        Mutant(
+            "softcap_before_scale",
+            "the cap acts on the unscaled scores and the scale multiplies the capped logits",
+            (
+                Mutation(
+                    STREAMING,
+                    "S = cap * np.tanh(S * scale / cap)",
+                    "S = cap * np.tanh(S / cap) * scale",
+                ),
+            ),
+        ),
+        Mutant(
+            "sink_left_out_of_lse",
+            "the LSE is taken from the row sum without the sink's weight (O is right)",
+            (
+                Mutation(
+                    STREAMING,
+                    "lse = (row_max.astype(accum_dtype) * scale_log2 + np.log2(row_sum_safe))",
+                    "sink_weight = 0 if case.sink is None else np.exp2("
+                    "case.sink[h] * LOG2_E - row_max.astype(accum_dtype) * scale_log2)\n"
+                    "    lse = (row_max.astype(accum_dtype) * scale_log2"
+                    " + np.log2(row_sum_safe - sink_weight))",
+                ),
+            ),
+        ),
+        Mutant(
+            "sink_weight_dropped",
+            "the sink sets the starting max but its weight never enters row_sum",
+            (Mutation(STREAMING, "row_sum[:] = 1", "row_sum[:] = 0"),),
+        ),
+    )
+}
+
+
+def load_surface_mutant(name: str) -> types.ModuleType:
+    """A fresh ``reference.streaming`` module with surface mutant ``name`` applied."""
+    if name not in SURFACE_MUTANTS:
+        raise ValueError(f"name={name!r} must be one of {sorted(SURFACE_MUTANTS)}")
+    return mutated_module(STREAMING, list(SURFACE_MUTANTS[name].mutations), name)

@@ -1,0 +1,68 @@
+"""properties/mutants_surface.py: the float64 agreement property, run on softcap and sink cases,
+catches each broken streaming tier; the unmutated tier passes the same property."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+from hypothesis import Phase, settings
+
+from attention_crossval.properties.mutants import hunt
+from attention_crossval.properties.mutants_surface import (
+    SURFACE_MUTANTS,
+    SURFACE_SPEC,
+    load_surface_mutant,
+    surface_reference_cases,
+)
+from attention_crossval.reference import streaming as reference_streaming
+
+pytestmark = pytest.mark.cpu
+
+NO_SHRINK = (Phase.explicit, Phase.reuse, Phase.generate, Phase.target)
+
+
+def _hunt(attention, surfaces=None):
+    return hunt(
+        attention,
+        surface_reference_cases(surfaces),
+        block_m=SURFACE_SPEC.tile_m,
+        block_n=SURFACE_SPEC.tile_n,
+        hypothesis_settings=settings(settings.default, database=None, phases=NO_SHRINK),
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "surfaces"),
+    [
+        ("softcap_before_scale", ("softcap", "softcap_saturated")),
+        ("sink_left_out_of_lse", ("sink", "sink_dominant", "sink_below")),
+        ("sink_weight_dropped", ("sink", "sink_dominant", "sink_below")),
+    ],
+)
+def test_property_catches_surface_mutant(name: str, surfaces: tuple[str, ...]) -> None:
+    result = _hunt(load_surface_mutant(name).streaming_attention, surfaces)
+    assert result.caught, f"{name} survived {result.examples} examples"
+    assert result.message.startswith("AssertionError: attention output outside the derived bound")
+
+
+def test_unmutated_streaming_tier_passes_on_every_surface() -> None:
+    result = _hunt(reference_streaming.streaming_attention)
+    assert not result.caught, result.message
+    assert result.examples == settings.default.max_examples
+
+
+def test_surface_mutants_leave_the_production_module_alone() -> None:
+    before = inspect.getsource(reference_streaming)
+    for name in SURFACE_MUTANTS:
+        assert load_surface_mutant(name).streaming_attention is not (
+            reference_streaming.streaming_attention
+        )
+        for mutation in SURFACE_MUTANTS[name].mutations:
+            assert before.count(mutation.original) == 1
+    assert inspect.getsource(reference_streaming) == before
+
+
+def test_unknown_surface_mutant_is_rejected() -> None:
+    with pytest.raises(ValueError, match="name="):
+        load_surface_mutant("softcap_twice")
