@@ -68,7 +68,15 @@ def _sink(values: np.ndarray, direction: float = 0.0) -> np.ndarray:
 
 
 def _with_cap(draw: st.DrawFn, case: AttentionCase) -> AttentionCase:
-    return dataclasses.replace(case, softcap=draw(st.sampled_from(_CAPS)))
+    # A published cap, or one at the logits' own scale, where tanh bends (a cap far above
+    # every logit is the identity, and then where the scale enters does not show).
+    logits, seen = scaled_scores(case)
+    top = float(np.abs(logits[seen]).max(initial=0.0))
+    if top > 2.0**-20 and draw(st.booleans()):
+        cap = 2.0 ** round(math.log2(top)) * draw(st.sampled_from([0.25, 0.5, 1.0]))
+    else:
+        cap = draw(st.sampled_from(_CAPS))
+    return dataclasses.replace(case, softcap=cap)
 
 
 def _no_claim(case: AttentionCase) -> Evidence:
