@@ -1,8 +1,9 @@
-"""Deliberately broken streaming tiers for the forward surface (softcap, sinks).
+"""Deliberately broken streaming tiers for the forward surface (softcap, sinks, hidden keys).
 
 Built like :mod:`properties.mutants` (textual mutation of ``reference/streaming.py``, a snippet
-that disappears raises) and hunted by the same float64 agreement property, on
-:func:`surface_reference_cases`: the reference tiers' cases with a softcap or a sink set.
+that disappears raises). The softcap and sink mutants are hunted by the same float64 agreement
+property on :func:`surface_reference_cases` (the reference tiers' cases with a softcap or a sink
+set); ``hidden_v_read`` is found by the ``hidden-nan`` harness check (``kernel.hidden_nan``).
 """
 
 from __future__ import annotations
@@ -64,6 +65,11 @@ SURFACE_MUTANTS: dict[str, Mutant] = {
             "sink_weight_dropped",
             "the sink sets the starting max but its weight never enters row_sum",
             (Mutation(STREAMING, "row_sum[:] = 1", "row_sum[:] = 0"),),
+        ),
+        Mutant(
+            "hidden_v_read",
+            "V rows that no query sees are read and weighted by 0 (0 * NaN = NaN)",
+            (Mutation(STREAMING, "V = np.where(seen.any(axis=0)[:, None], V, 0)", "V = V"),),
         ),
     )
 }

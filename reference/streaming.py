@@ -158,8 +158,9 @@ def _attend_row_block(
     O = np.zeros((Q.shape[0], case.Dv), accum_dtype)  # O = 0 (unnormalized)
     for cols in col_blocks:
         K = case.k[b, cols, kv_head, :].astype(score_dtype)
-        V = case.v[b, cols, kv_head, :].astype(accum_dtype)
         seen = visible(case, b, h, rows, cols)
+        V = case.v[b, cols, kv_head, :].astype(accum_dtype)
+        V = np.where(seen.any(axis=0)[:, None], V, 0)  # keys no row sees: never read (may be NaN)
         S = Q @ K.T  # S = Q K^T
         if case.softcap is not None:
             S = cap * np.tanh(S * scale / cap)  # S = cap tanh(S scale / cap)
