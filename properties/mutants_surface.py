@@ -3,7 +3,9 @@
 Built like :mod:`properties.mutants` (textual mutation of ``reference/streaming.py``, a snippet
 that disappears raises). The softcap and sink mutants are hunted by the same float64 agreement
 property on :func:`surface_reference_cases` (the reference tiers' cases with a softcap or a sink
-set); ``hidden_v_read`` is found by the ``hidden-nan`` harness check (``kernel.hidden_nan``).
+set); ``hidden_v_read`` is found by the ``hidden-nan`` harness check (``kernel.hidden_nan``);
+the split-KV combine mutants (``reference/splitkv.py``) by the split-KV agreement property
+(``properties/test_splitkv.py``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from attention_crossval.properties.strategies import REFERENCE_SPEC, attention_c
 from attention_crossval.reference.case import AttentionCase
 
 STREAMING = "attention_crossval.reference.streaming"
+SPLITKV = "attention_crossval.reference.splitkv"
 
 #: The reference tiers as a kernel that also takes a softcap and a sink.
 SURFACE_SPEC = dataclasses.replace(
@@ -71,12 +74,34 @@ SURFACE_MUTANTS: dict[str, Mutant] = {
             "V rows that no query sees are read and weighted by 0 (0 * NaN = NaN)",
             (Mutation(STREAMING, "V = np.where(seen.any(axis=0)[:, None], V, 0)", "V = V"),),
         ),
+        Mutant(
+            "empty_split_lse_zero",
+            "the combine reads an empty split's LSE = -inf as 0: it gains weight exp(-m)",
+            (
+                Mutation(
+                    SPLITKV,
+                    "weights = np.exp(lse_parts - m_safe)",
+                    "weights = np.exp(np.where(lse_parts == -np.inf, 0, lse_parts) - m_safe)",
+                ),
+            ),
+        ),
+        Mutant(
+            "combine_unguarded",
+            "the combine subtracts an all -inf max: every split empty gives NaN, not O = 0",
+            (
+                Mutation(
+                    SPLITKV, "m_safe = np.where(lse_max == -np.inf, 0, lse_max)", "m_safe = lse_max"
+                ),
+            ),
+        ),
     )
 }
 
 
 def load_surface_mutant(name: str) -> types.ModuleType:
-    """A fresh ``reference.streaming`` module with surface mutant ``name`` applied."""
+    """A fresh copy of the module that surface mutant ``name`` edits (``reference.streaming``
+    or ``reference.splitkv``), with the mutation applied."""
     if name not in SURFACE_MUTANTS:
         raise ValueError(f"name={name!r} must be one of {sorted(SURFACE_MUTANTS)}")
-    return mutated_module(STREAMING, list(SURFACE_MUTANTS[name].mutations), name)
+    mutations = SURFACE_MUTANTS[name].mutations
+    return mutated_module(mutations[0].module, list(mutations), name)

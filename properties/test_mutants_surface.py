@@ -15,6 +15,7 @@ from attention_crossval.properties.mutants_surface import (
     load_surface_mutant,
     surface_reference_cases,
 )
+from attention_crossval.reference import splitkv as reference_splitkv
 from attention_crossval.reference import streaming as reference_streaming
 
 pytestmark = pytest.mark.cpu
@@ -52,15 +53,15 @@ def test_unmutated_streaming_tier_passes_on_every_surface() -> None:
     assert result.examples == settings.default.max_examples
 
 
-def test_surface_mutants_leave_the_production_module_alone() -> None:
-    before = inspect.getsource(reference_streaming)
+def test_surface_mutants_leave_the_production_modules_alone() -> None:
+    modules = {m.__name__: m for m in (reference_streaming, reference_splitkv)}
+    before = {name: inspect.getsource(module) for name, module in modules.items()}
     for name in SURFACE_MUTANTS:
-        assert load_surface_mutant(name).streaming_attention is not (
-            reference_streaming.streaming_attention
-        )
+        mutant = load_surface_mutant(name)
+        assert mutant.__name__.startswith(f"attention_crossval.properties._mutant_{name}.")
         for mutation in SURFACE_MUTANTS[name].mutations:
-            assert before.count(mutation.original) == 1
-    assert inspect.getsource(reference_streaming) == before
+            assert before[mutation.module].count(mutation.original) == 1
+    assert {name: inspect.getsource(module) for name, module in modules.items()} == before
 
 
 def test_unknown_surface_mutant_is_rejected() -> None:

@@ -72,6 +72,21 @@ sigma_u|)`` (forming ``sigma_u`` and its exp2 argument) and ``r = all visible bl
 kernel may start from it or add it last), and it joins ``rel`` and ``sum_j w_j |v_jc - o_c|``
 as ``w_sigma |o_c|``; it takes no P rounding and no P V term; ``n`` counts it.
 
+Split-KV (``num_splits = S > 1``, :mod:`reference.splitkv`): each split's partial result is
+consistent with the per-key model above (its numerator and row sum see the same perturbed
+weights), so only the combine adds error. It multiplies every key of split ``s`` by
+``exp(LSE_s - LSE) / l_s``-style factors formed in the accumulator dtype: the division giving
+``O_s``, ``LSE_s = (m_s c + log2 l_s) ln2``, ``exp(LSE_s - m)``, the normalization and the final
+product. With ``|c m_s| <= |c m| + |c s_j|``, ``ln l_s <= ln n_k`` (``n_k`` = Sk),
+``|LSE_s - LSE| <= ln2 |t_j| + ln n_k`` and ``|LSE| <= ln2 |c m| + ln n_k``, key j's exponent
+gains (natural log)::
+
+    4 u_acc + 2 eps + 3 u_acc (ln2 (|c m| + |c s_j|) + ln n_k)
+                    + u_acc (ln2 |t_j| + ln n_k) + 2 u_acc (ln2 |c m| + ln n_k)
+
+``S`` joins the ``gamma`` count (the sum over splits), and the LSE bound adds
+``eps + 2 u_acc |lse|`` for the combine's log and addition.
+
 Evaluation: float64, chunked over query rows (O(rows * Sk) memory, never Sq * Sk * D). The
 ``sum_j w_j |v_jc - o_c|`` sums are exact over each row's 64 heaviest keys and use
 ``|v - mu| + |mu - o|`` (``mu`` = V's column mean) for the rest: an upper bound, within 7 % of
@@ -134,6 +149,7 @@ class _Chain:
     tau: float
     rounded_p_sum: bool
     eps_tanh: float
+    num_splits: int
 
     @classmethod
     def of(
@@ -142,6 +158,7 @@ class _Chain:
         exp2_error_ulp: float,
         mma_u: float,
         tanh_error_ulp: float = 2.0,
+        num_splits: int = 1,
     ) -> _Chain:
         def mma(dtype: str) -> float:
             return mma_u if dtype == "float32" else unit_roundoff(dtype)
@@ -164,6 +181,7 @@ class _Chain:
             tau=float(precision.rescale_threshold_log2),
             rounded_p_sum=precision.row_sum_from_rounded_p,
             eps_tanh=tanh_error_ulp * 2 * u_s,
+            num_splits=num_splits,
         )
 
 
@@ -193,6 +211,7 @@ def error_bound(
     mma_unit_roundoff: float = 2**-23,
     kv_order: str = "any",
     tanh_error_ulp: float = 2.0,
+    num_splits: int = 1,
 ) -> np.ndarray:
     """Rigorous bound ``[B, Sq, Hq, Dv]`` on ``|o_kernel - o_exact|`` (module docstring).
 
@@ -201,7 +220,14 @@ def error_bound(
     float64 from ``case``, ``block_n`` rows' worth of memory at a time.
     """
     chain = _check(
-        case, precision, block_n, exp2_error_ulp, mma_unit_roundoff, kv_order, tanh_error_ulp
+        case,
+        precision,
+        block_n,
+        exp2_error_ulp,
+        mma_unit_roundoff,
+        kv_order,
+        tanh_error_ulp,
+        num_splits,
     )
     ref_o = np.asarray(reference.o, dtype=np.float64)
     if ref_o.shape != (case.B, case.Sq, case.Hq, case.Dv):
@@ -209,7 +235,7 @@ def error_bound(
             f"reference.o shape {ref_o.shape} must be [B, Sq, Hq, Dv]="
             f"{(case.B, case.Sq, case.Hq, case.Dv)}"
         )
-    n = case.Sk + 2 * _num_blocks(case, block_n) + (case.sink is not None)
+    n = case.Sk + 2 * _num_blocks(case, block_n) + (case.sink is not None) + chain.num_splits
     bound = np.zeros_like(ref_o)
     for chunk in _row_chunks(case, chain, block_n, kv_order):
         v = case.v[chunk.b, :, case.kv_head(chunk.h), :].astype(np.float64)
@@ -244,15 +270,23 @@ def lse_error_bound(
     mma_unit_roundoff: float = 2**-23,
     kv_order: str = "any",
     tanh_error_ulp: float = 2.0,
+    num_splits: int = 1,
 ) -> np.ndarray:
     """Rigorous bound ``[B, Hq, Sq]`` on ``|lse_kernel - lse_exact|`` (natural log; module
     docstring). Empty rows get 0: the kernel must return exactly ``-inf``. ``reference.lse``
     (None or NaN rows: a float64 recomputation) only supplies the magnitude ``|lse|``.
     """
     chain = _check(
-        case, precision, block_n, exp2_error_ulp, mma_unit_roundoff, kv_order, tanh_error_ulp
+        case,
+        precision,
+        block_n,
+        exp2_error_ulp,
+        mma_unit_roundoff,
+        kv_order,
+        tanh_error_ulp,
+        num_splits,
     )
-    n = case.Sk + 2 * _num_blocks(case, block_n) + (case.sink is not None)
+    n = case.Sk + 2 * _num_blocks(case, block_n) + (case.sink is not None) + chain.num_splits
     ref_lse = reference.lse
     bound = np.zeros((case.B, case.Hq, case.Sq))
     for chunk in _row_chunks(case, chain, block_n, kv_order):
@@ -270,6 +304,8 @@ def lse_error_bound(
             d = np.where(r < 1, -np.log1p(-np.minimum(r, 1)), np.inf)  # >= |ln L~ - ln l|
         out = d + chain.eps * np.maximum(1, ln_l + d)
         out += 3 * chain.u_s * (np.abs(chunk.scaled_max) + chain.tau * LN_2 + np.abs(lse))
+        if chain.num_splits > 1:  # the combine's log and addition
+            out += chain.eps + 2 * chain.u_acc * np.abs(lse)
         out = np.where(np.isnan(out), np.inf, out * EVALUATION_SLACK)
         bound[chunk.b, chunk.h, chunk.rows] = np.where(nonempty, out, 0)
     return bound
@@ -303,6 +339,7 @@ def _check(
     mma_unit_roundoff: float,
     kv_order: str,
     tanh_error_ulp: float,
+    num_splits: int,
 ) -> _Chain:
     if not isinstance(case, AttentionCase):
         raise ValueError(f"case must be an AttentionCase, got {type(case).__name__}")
@@ -318,8 +355,16 @@ def _check(
         raise ValueError(f"kv_order={kv_order!r} must be one of {KV_ORDERS}")
     if not (isinstance(tanh_error_ulp, (int, float)) and 0 <= tanh_error_ulp < 2**20):
         raise ValueError(f"tanh_error_ulp={tanh_error_ulp!r} must be a float in [0, 2^20)")
+    if isinstance(num_splits, bool) or not isinstance(num_splits, (int, np.integer)):
+        raise ValueError(f"num_splits={num_splits!r} must be an int >= 1")
+    if num_splits < 1:
+        raise ValueError(f"num_splits={num_splits!r} must be an int >= 1")
     return _Chain.of(
-        precision, float(exp2_error_ulp), float(mma_unit_roundoff), float(tanh_error_ulp)
+        precision,
+        float(exp2_error_ulp),
+        float(mma_unit_roundoff),
+        float(tanh_error_ulp),
+        int(num_splits),
     )
 
 
@@ -379,6 +424,11 @@ def _weights(
     per_rescale = chain.eps + chain.u_acc + 3 * LN_2 * chain.u_s * cm
     rescales = _rescales(seen, block_n, kv_order)
     arg += rescales * per_rescale
+    if chain.num_splits > 1:  # the combine (module docstring, split-KV)
+        u, ln_n, lm = chain.u_acc, np.log(max(s.shape[1], 1)), LN_2 * np.abs(c * m)
+        ls, lt = LN_2 * np.abs(c * s), LN_2 * np.abs(np.where(seen, t, 0))
+        arg += 4 * u + 2 * chain.eps + 3 * u * (lm + ls + ln_n) + u * (lt + ln_n)
+        arg += 2 * u * (lm + ln_n)
     p_sink, w_sink = _sink_weight(sink_u, m[:, 0], c, cm[:, 0], seen, block_n, chain, per_rescale)
     eta = arg * (1 + arg)  # >= expm1(arg) for 0 <= arg <= 1.79; exact expm1 beyond
     large = arg > 1
