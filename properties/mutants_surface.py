@@ -5,7 +5,8 @@ that disappears raises). The softcap and sink mutants are hunted by the same flo
 property on :func:`surface_reference_cases` (the reference tiers' cases with a softcap or a sink
 set); ``hidden_v_read`` is found by the ``hidden-nan`` harness check (``kernel.hidden_nan``);
 the split-KV combine mutants (``reference/splitkv.py``) by the split-KV agreement property
-(``properties/test_splitkv.py``).
+(``properties/test_splitkv.py``); the page-table mutant by the paged agreement property
+(``properties/test_paged.py``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from attention_crossval.reference.case import AttentionCase
 
 STREAMING = "attention_crossval.reference.streaming"
 SPLITKV = "attention_crossval.reference.splitkv"
+PAGED = "attention_crossval.reference.paged"
 
 #: The reference tiers as a kernel that also takes a softcap and a sink.
 SURFACE_SPEC = dataclasses.replace(
@@ -73,6 +75,18 @@ SURFACE_MUTANTS: dict[str, Mutant] = {
             "hidden_v_read",
             "V rows that no query sees are read and weighted by 0 (0 * NaN = NaN)",
             (Mutation(STREAMING, "V = np.where(seen.any(axis=0)[:, None], V, 0)", "V = V"),),
+        ),
+        Mutant(
+            "page_lookup_off_by_one",
+            "the page table is read one entry too far: key j comes from page j // P + 1",
+            (
+                Mutation(
+                    PAGED,
+                    "pages = paged.page_table[b, positions // paged.page_size]",
+                    "pages = paged.page_table[b, np.minimum(positions // paged.page_size + 1, "
+                    "paged.page_table.shape[1] - 1)]",
+                ),
+            ),
         ),
         Mutant(
             "empty_split_lse_zero",
