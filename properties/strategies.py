@@ -24,7 +24,9 @@ from hypothesis import strategies as st
 
 from attention_crossval.kernel.spec import MASK_KINDS, KernelSpec
 from attention_crossval.properties import coverage
+from attention_crossval.properties._strategies.hidden import hidden_key_cases
 from attention_crossval.properties._strategies.masks import mask_class, masks
+from attention_crossval.properties._strategies.paged import paged_cases
 from attention_crossval.properties._strategies.scores import (
     DISTRIBUTIONS,
     BuildContext,
@@ -41,7 +43,9 @@ from attention_crossval.properties._strategies.shapes import (
     shape_class,
     tile_aware_lengths,
 )
+from attention_crossval.properties._strategies.splits import num_splits_of, splitkv_cases
 from attention_crossval.properties._strategies.surface import SURFACES, surface_cases
+from attention_crossval.properties._strategies.varlen import long_decode_cases, varlen_batches
 from attention_crossval.reference.case import INPUT_DTYPES, AttentionCase, CausalAlignment
 
 # The reference tiers as a "kernel": every dtype and mask, small head dims and tiles so CPU
@@ -202,12 +206,18 @@ __all__ = [
     "attention_cases",
     "attention_shapes",
     "head_counts",
+    "hidden_key_cases",
+    "long_decode_cases",
     "length_class",
     "mask_class",
     "masks",
+    "num_splits_of",
+    "paged_cases",
     "scaled_scores",
     "score_distributions",
     "shape_class",
+    "splitkv_cases",
     "surface_cases",
     "tile_aware_lengths",
+    "varlen_batches",
 ]
