@@ -163,7 +163,8 @@ def sample_rows(case: AttentionCase, n: int, seed: int = 0) -> np.ndarray:
 def naive_exact_attention(
     case: AttentionCase, rows: np.ndarray | None = None, *, dps: int = 100
 ) -> AttentionResult:
-    """Independent, obviously correct mpmath loop (private context at ``dps`` digits).
+    """Independent, obviously correct mpmath loop (private context at ``dps`` digits), with the
+    softcap and the sink as ``AttentionCase`` defines them.
 
     For cross-checks on small shapes only (~0.06 rows/s at Sk=8192, d=128). Scores use
     ``fdot``, which drops terms ~2 prec below the running sum: at dps >= 100 (~332 bits) that

@@ -23,7 +23,10 @@ from attention_crossval.reference.case import INPUT_DTYPES, AttentionCase, Mask
 _PLAIN = ("gaussian", "ramp", "near_ties", "large_v")  # builders that need no key padding
 
 
-def _build(draw: st.DrawFn, spec: KernelSpec, shape: Shape, mask: Mask, label: str):
+def _build(
+    draw: st.DrawFn, spec: KernelSpec, shape: Shape, mask: Mask, label: str
+) -> AttentionCase:
+    """q, k, v from a drawn plain distribution, dtype and seed."""
     dist = DISTRIBUTIONS[draw(st.sampled_from(_PLAIN))]
     dtype = draw(st.sampled_from(sorted(spec.dtypes)))
     ctx = BuildContext(
