@@ -100,6 +100,11 @@ SURFACE_MUTANTS: dict[str, Mutant] = {
             ),
         ),
         Mutant(
+            "sink_in_every_split",
+            "every split starts from the sink, so the combine counts it num_splits times",
+            (Mutation(SPLITKV, "case if s == 0 else without_sink", "case"),),
+        ),
+        Mutant(
             "combine_unguarded",
             "the combine subtracts an all -inf max: every split empty gives NaN, not O = 0",
             (

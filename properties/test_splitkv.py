@@ -9,7 +9,10 @@ from hypothesis import given, settings
 from hypothesis.errors import NoSuchExample
 
 from attention_crossval.properties._strategies.splits import num_splits_of, splitkv_cases
-from attention_crossval.properties.mutants_surface import load_surface_mutant
+from attention_crossval.properties.mutants_surface import (
+    load_surface_mutant,
+    surface_reference_cases,
+)
 from attention_crossval.properties.strategies import REFERENCE_SPEC, attention_cases
 from attention_crossval.reference.bounds import error_bound, lse_error_bound
 from attention_crossval.reference.case import AttentionCase, Mask
@@ -23,6 +26,8 @@ pytestmark = pytest.mark.cpu
 
 TILE_N = REFERENCE_SPEC.tile_n
 SPLIT_CASES = splitkv_cases(attention_cases(), tile_n=TILE_N)
+SINKS = ("sink", "sink_dominant", "sink_below", "softcap+sink")
+SPLIT_SINK_CASES = splitkv_cases(surface_reference_cases(SINKS), tile_n=TILE_N)
 
 
 def _agreement(attention, case: AttentionCase, precision: StreamingPrecision) -> None:
@@ -75,8 +80,23 @@ def test_split_kv_stays_within_the_derived_bound(case: AttentionCase) -> None:
         _agreement(splitkv_attention, case, precision)
 
 
-@pytest.mark.parametrize("name", ["empty_split_lse_zero", "combine_unguarded"])
-def test_the_strategy_catches_a_broken_combine(name: str) -> None:
+@given(SPLIT_SINK_CASES)
+def test_a_sink_enters_one_split_once(case: AttentionCase) -> None:
+    """With a sink (and softcap) the split-and-combine still matches exact within the bound:
+    counted in every split, the sink's weight would be num_splits times too large."""
+    for precision in (StreamingPrecision.float64(), StreamingPrecision.flash_attention(case.dtype)):
+        _agreement(splitkv_attention, case, precision)
+
+
+@pytest.mark.parametrize(
+    ("name", "strategy"),
+    [
+        ("empty_split_lse_zero", SPLIT_CASES),
+        ("combine_unguarded", SPLIT_CASES),
+        ("sink_in_every_split", SPLIT_SINK_CASES),
+    ],
+)
+def test_the_strategy_catches_a_broken_combine(name: str, strategy) -> None:
     """Each combine mutant fails the agreement property on some drawn case within 60."""
     mutant = load_surface_mutant(name).splitkv_attention
 
@@ -88,9 +108,7 @@ def test_the_strategy_catches_a_broken_combine(name: str) -> None:
         return False
 
     try:
-        found = hypothesis_find(
-            SPLIT_CASES, fails, settings=settings(max_examples=60, database=None)
-        )
+        found = hypothesis_find(strategy, fails, settings=settings(max_examples=60, database=None))
     except NoSuchExample:
         pytest.fail(f"{name} survived 60 split-KV cases")
     assert num_splits_of(found) >= 1
@@ -108,6 +126,3 @@ def test_invalid_arguments(kwargs, match) -> None:
         error_bound(
             case, streaming_attention(case), StreamingPrecision.float64(), block_n=8, **kwargs
         )
-    sink = AttentionCase(case.q, case.k, case.v, sink=np.zeros(1, np.float32))
-    with pytest.raises(ValueError, match="sink"):
-        splitkv_attention(sink, num_splits=2)

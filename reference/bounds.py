@@ -85,7 +85,8 @@ gains (natural log)::
                     + u_acc (ln2 |t_j| + ln n_k) + 2 u_acc (ln2 |c m| + ln n_k)
 
 ``S`` joins the ``gamma`` count (the sum over splits), and the LSE bound adds
-``eps + 2 u_acc |lse|`` for the combine's log and addition.
+``eps + 2 u_acc |lse|`` for the combine's log and addition. A sink (in one split) gains the
+same with ``sigma_u`` for ``s_j``.
 
 Evaluation: float64, chunked over query rows (O(rows * Sk) memory, never Sq * Sk * D). The
 ``sum_j w_j |v_jc - o_c|`` sums are exact over each row's 64 heaviest keys and use
@@ -424,11 +425,7 @@ def _weights(
     per_rescale = chain.eps + chain.u_acc + 3 * LN_2 * chain.u_s * cm
     rescales = _rescales(seen, block_n, kv_order)
     arg += rescales * per_rescale
-    if chain.num_splits > 1:  # the combine (module docstring, split-KV)
-        u, ln_n, lm = chain.u_acc, np.log(max(s.shape[1], 1)), LN_2 * np.abs(c * m)
-        ls, lt = LN_2 * np.abs(c * s), LN_2 * np.abs(np.where(seen, t, 0))
-        arg += 4 * u + 2 * chain.eps + 3 * u * (lm + ls + ln_n) + u * (lt + ln_n)
-        arg += 2 * u * (lm + ln_n)
+    arg += _combine_error(chain, c, m, s, np.where(seen, t, 0), s.shape[1])
     p_sink, w_sink = _sink_weight(sink_u, m[:, 0], c, cm[:, 0], seen, block_n, chain, per_rescale)
     eta = arg * (1 + arg)  # >= expm1(arg) for 0 <= arg <= 1.79; exact expm1 beyond
     large = arg > 1
@@ -470,8 +467,19 @@ def _sink_weight(
     arg = LN_2 * chain.u_s * (np.abs(t) + chain.tau + 2 * cm + 3 * abs(c * sink_u)) + chain.eps
     blocks = _rescales(seen, block_n, "any")[:, 0] + seen.any(axis=1)  # every visible block
     arg += blocks * per_rescale[:, 0]
+    arg += _combine_error(chain, c, m, sink_u, t, seen.shape[1])
     p = np.exp2(t)
     return p, p * np.expm1(arg) + chain.ftz
+
+
+def _combine_error(chain: _Chain, c: float, m, s, t, keys: int):
+    """The split-KV combine's exponent error per key (module docstring, split-KV); 0 for one
+    split. ``m``, ``s``, ``t``: row max, score and ``c (s - m)`` (arrays or scalars)."""
+    if chain.num_splits == 1:
+        return 0.0
+    u, ln_n, lm = chain.u_acc, np.log(max(keys, 1)), LN_2 * np.abs(c * m)
+    ls, lt = LN_2 * np.abs(c * s), LN_2 * np.abs(t)
+    return 4 * u + 2 * chain.eps + 3 * u * (lm + ls + ln_n) + u * (lt + ln_n) + 2 * u * (lm + ln_n)
 
 
 def _rescales(seen: np.ndarray, block_n: int, kv_order: str) -> np.ndarray:

@@ -13,11 +13,13 @@ combine step merges them, per query row::
 Split ``s`` takes K blocks ``[s * per_split, (s + 1) * per_split)`` with ``per_split =
 ceil(n_blocks / num_splits)`` of the batch's valid keys, so boundaries fall on tile edges and
 trailing splits may see no key at all. The derived bound covers the combine through
-``num_splits`` (``reference.bounds``). A sink is not emulated with splits (it would have to
-enter exactly one split): such a case raises ``ValueError``.
+``num_splits`` (``reference.bounds``). A sink enters split 0 only (its starting state there),
+so it is counted once; with split 0 empty, that split's ``LSE_0`` is the sink.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 
@@ -67,20 +69,23 @@ def splitkv_attention(
             raise ValueError(f"{name}={value!r} must be an int >= 1")
     if not isinstance(precision, StreamingPrecision):
         raise ValueError(f"precision must be a StreamingPrecision, got {type(precision).__name__}")
-    if case.sink is not None:
-        raise ValueError("case.sink with num_splits: the sink is not emulated across splits")
+    without_sink = dataclasses.replace(case, sink=None)  # splits after the first
     accum = np.dtype(precision.accum_dtype)
     no_trace = TraceRecorder()
     o = np.zeros((case.B, case.Sq, case.Hq, case.Dv))
-    lse = np.full((case.B, case.Hq, case.Sq), -np.inf)
+    lse = np.full((case.B, case.Hq, case.Sq), -np.inf)  # empty rows, padded queries included
+    if case.sink is not None:  # ... have the sink as their LSE
+        lse[:] = case.sink[None, :, None]
     for b in range(case.B):
         splits = split_blocks(case.k_length(b), block_n, num_splits)
         for h in range(case.Hq):
             for m0 in range(0, case.q_length(b), block_m):
                 rows = slice(m0, min(m0 + block_m, case.q_length(b)))
                 parts = [
-                    _attend_row_block(case, b, h, rows, blocks, precision, no_trace)
-                    for blocks in splits
+                    _attend_row_block(
+                        case if s == 0 else without_sink, b, h, rows, blocks, precision, no_trace
+                    )
+                    for s, blocks in enumerate(splits)
                 ]
                 o_parts = np.stack([part[0] for part in parts])  # partial O_s, accumulator dtype
                 lse_parts = np.stack([part[1] for part in parts])  # partial LSE_s

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from hypothesis import assume, event
+from hypothesis import event
 from hypothesis import strategies as st
 
 from attention_crossval.reference.case import AttentionCase
@@ -32,7 +32,6 @@ def _splitkv_cases(
     draw: st.DrawFn, base: st.SearchStrategy[AttentionCase], tile_n: int, max_splits: int
 ) -> AttentionCase:
     case = draw(base)
-    assume(case.sink is None)  # the sink is not emulated across splits
     blocks = -(-max(case.k_length(b) for b in range(case.B)) // tile_n)
     choices = {1, 2, blocks - 1, blocks, blocks + 1, 2 * blocks + 1}
     num_splits = draw(st.sampled_from(sorted(n for n in choices if 1 <= n <= max_splits)))
