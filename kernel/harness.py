@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from attention_crossval.kernel.hidden_nan import hidden_nan_findings
 from attention_crossval.kernel.isolation import (
     Declined,
     IsolatedKernel,
@@ -66,9 +67,10 @@ __all__ = [
 
 # What an adapter's ``checks`` may name: the checks that need its cooperation. ``output-guard``
 # and ``unwritten`` need caller-allocated, guard-banded, prefilled outputs (``run_guarded``);
-# ``padding-read`` needs a kernel that may be handed NaN in padding (the harness then poisons it).
+# ``padding-read`` needs a kernel that may be handed NaN in padding (the harness then poisons it);
+# ``hidden-nan`` one that may be handed NaN in K/V rows no query sees (kernel/hidden_nan.py).
 ADAPTER_CHECKS = frozenset(
-    {"output-guard", "unwritten", "padding-read", "determinism", "nonfinite"}
+    {"output-guard", "unwritten", "padding-read", "hidden-nan", "determinism", "nonfinite"}
 )
 _BASIC_CHECKS = frozenset({"determinism", "nonfinite"})
 _BLOCKING = ("unwritten", "nonfinite", "padding-read")  # no reference checks after these
@@ -86,7 +88,12 @@ def fill_padding(case: AttentionCase, value: float) -> AttentionCase:
             array[pad] = value
         arrays[name] = array
     return AttentionCase(
-        **arrays, softmax_scale=case.softmax_scale, mask=case.mask, label=case.label
+        **arrays,
+        softmax_scale=case.softmax_scale,
+        mask=case.mask,
+        label=case.label,
+        softcap=case.softcap,
+        sink=case.sink,
     )
 
 
@@ -146,6 +153,8 @@ def run_case(
                 spec, checks, case, runs, lambda: call(fill_padding(case, 0.0), "zero").result
             )
             findings = _input_write_findings(runs) + findings
+        if "hidden-nan" in checks and result is not None:
+            findings += hidden_nan_findings(case, result, lambda c: call(c, "zero").result)
     except KernelCrashed as crash:
         findings, declared, result = [Finding(crash.check, str(crash))], [], None
     except Declined as declined:
@@ -226,6 +235,7 @@ class _Rows:
     padded: np.ndarray
     must_write: np.ndarray
     must_be_finite: np.ndarray
+    empty_lse: np.ndarray  # an empty row's LSE: -inf, or the head's sink logit
 
     @classmethod
     def of(cls, spec: KernelSpec, case: AttentionCase) -> _Rows:
@@ -235,7 +245,9 @@ class _Rows:
             padded[b, case.q_length(b) :] = True
         must_write = ~padded if spec.padded_rows == "unwritten" else np.ones_like(empty)
         must_be_finite = must_write & ~(empty & (spec.empty_rows == "nan"))
-        return cls(empty, padded, must_write, must_be_finite)
+        sink = np.full(case.Hq, -np.inf) if case.sink is None else case.sink.astype(np.float64)
+        empty_lse = np.broadcast_to(sink, empty.shape)
+        return cls(empty, padded, must_write, must_be_finite, empty_lse)
 
     def bad(self, result: AttentionResult) -> np.ndarray:
         """Rows that must be finite but hold a non-finite O or a NaN (or +-inf non-empty) LSE."""
@@ -340,13 +352,15 @@ def _translate(
         rows_o = o[checked]
         allowed = np.isnan(rows_o) | (rows_o == 0) if spec.empty_rows == "nan" else rows_o == 0
         wrong = ~allowed.all(axis=-1)
-        if lse is not None:
-            wrong |= ~np.isneginf(lse.transpose(0, 2, 1)[checked])
+        if lse is not None:  # -inf exactly; a sink within 2^-20 relative (fp32 log2 round trip)
+            got, expected = lse.transpose(0, 2, 1)[checked], rows.empty_lse[checked]
+            with np.errstate(invalid="ignore"):
+                wrong |= ~((got == expected) | (np.abs(got - expected) <= 2**-20 * abs(expected)))
         if wrong.any():
             findings.append(
                 Finding(
                     "empty-rows",
-                    f"{int(wrong.sum())} empty or padded rows not O = 0 / LSE = -inf "
+                    f"{int(wrong.sum())} empty or padded rows not O = 0 / LSE = -inf (or sink) "
                     f"(declared empty_rows={spec.empty_rows!r}, "
                     f"padded_rows={spec.padded_rows!r})",
                 )
@@ -359,5 +373,5 @@ def _translate(
         notes.append(f"{count} padded query rows not written (declared; read as O = 0)")
     o[rows.empty] = 0.0
     if lse is not None:
-        lse.transpose(0, 2, 1)[rows.empty] = -np.inf
+        lse.transpose(0, 2, 1)[rows.empty] = rows.empty_lse[rows.empty]
     return AttentionResult(o=o, lse=lse), notes, findings

@@ -59,6 +59,8 @@ class KernelSpec:
       ``backward_deterministic``: dq/dk/dv bitwise-repeatable run to run (no atomic adds);
       ``backward_precision``: its backward chain per input dtype, for the emulation and the
       gradient bounds (None = FlashAttention's, :meth:`backward_precision_for`).
+    * ``softcap``, ``sink``: it takes ``case.softcap`` / ``case.sink`` (default off, so those
+      cases are never generated for it).
     """
 
     name: str
@@ -81,6 +83,8 @@ class KernelSpec:
     backward: bool = False
     backward_deterministic: bool = False
     backward_precision: dict[str, BackwardPrecision] = field(default_factory=dict)
+    softcap: bool = False
+    sink: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -100,7 +104,7 @@ class KernelSpec:
         for name in ("device", "empty_rows", "padded_rows"):
             if not isinstance(getattr(self, name), str):
                 raise ValueError(f"spec.{name}={getattr(self, name)!r} must be a str")
-        for name in ("gqa", "returns_lse", "deterministic"):
+        for name in ("gqa", "returns_lse", "deterministic", "softcap", "sink"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise ValueError(f"spec.{name}={getattr(self, name)!r} must be a bool")
         if not isinstance(self.causal_alignment, CausalAlignment):
@@ -214,6 +218,10 @@ class KernelSpec:
             return f"mask kinds {sorted(missing)} not supported"
         if case.group_size > 1 and not self.gqa:
             return "GQA/MQA (Hq > Hkv) not supported"
+        if case.softcap is not None and not self.softcap:
+            return "softcap not supported"
+        if case.sink is not None and not self.sink:
+            return "learnable sink not supported"
         if max(case.Sq, case.Sk) > self.max_seqlen:
             return f"sequence length above max_seqlen={self.max_seqlen}"
         aligned = case.mask.causal or "window" in case.mask.kinds

@@ -23,6 +23,7 @@ CHECKS = (
     "output-guard",
     "unwritten",
     "padding-read",
+    "hidden-nan",
     "nonfinite",
     "determinism",
     "empty-rows",

@@ -30,7 +30,9 @@ from attention_crossval.properties._strategies.gradients import (
     build_do,
     gradient_distributions,
 )
+from attention_crossval.properties._strategies.hidden import hidden_key_cases
 from attention_crossval.properties._strategies.masks import mask_class, masks
+from attention_crossval.properties._strategies.paged import paged_cases
 from attention_crossval.properties._strategies.scores import (
     DISTRIBUTIONS,
     BuildContext,
@@ -47,6 +49,9 @@ from attention_crossval.properties._strategies.shapes import (
     shape_class,
     tile_aware_lengths,
 )
+from attention_crossval.properties._strategies.splits import num_splits_of, splitkv_cases
+from attention_crossval.properties._strategies.surface import SURFACES, surface_cases
+from attention_crossval.properties._strategies.varlen import long_decode_cases, varlen_batches
 from attention_crossval.reference.case import INPUT_DTYPES, AttentionCase, CausalAlignment
 from attention_crossval.reference.gradients import BackwardCase
 
@@ -241,6 +246,7 @@ __all__ = [
     "GRADIENT_DISTRIBUTIONS",
     "GradientDistribution",
     "REFERENCE_SPEC",
+    "SURFACES",
     "Evidence",
     "ScoreDistribution",
     "Shape",
@@ -250,11 +256,18 @@ __all__ = [
     "build_do",
     "gradient_distributions",
     "head_counts",
+    "hidden_key_cases",
+    "long_decode_cases",
     "length_class",
     "mask_class",
     "masks",
+    "num_splits_of",
+    "paged_cases",
     "scaled_scores",
     "score_distributions",
     "shape_class",
+    "splitkv_cases",
+    "surface_cases",
     "tile_aware_lengths",
+    "varlen_batches",
 ]

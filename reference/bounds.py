@@ -53,6 +53,41 @@ block (``"any"``); numerics.md's first-order factor 1.01 is replaced by the exac
 K^T is formed from the unscaled inputs (the scale is folded into exp2, as FlashAttention does), not
 from a pre-scaled, re-rounded Q.
 
+Softcap (``case.softcap = cap``; the kernel forms ``l_j = cap tanh(scale s_j / cap)`` and
+exponentiates with ``c = log2(e)``): the formulas above run on the logits ``l_j`` in place of
+``s_j`` with ``c = log2(e)``, and each key's natural-log logit error adds to ``ln2 dt_j``::
+
+    e_j = (1 + eps_t)(1 + u_s)^3 scale gamma_D(u_a) sum_k |q_k k_jk|
+          + gamma_2(u_s) |scale s_j| + (eps_t + u_s + eps_t u_s) |l_j|
+
+(the MMA error passes the scale, the division and the 1-Lipschitz tanh; ``scale s_j`` and
+``/cap`` round twice; tanh is within ``eps_t = tanh_error_ulp 2 u_s`` relative and the product
+with cap rounds once). The ``gamma_D(u_a)`` term then stands in ``e_j`` instead of ``dt_j``.
+
+Sink (``case.sink[h] = sigma``, natural-log units): one more key with logit ``sigma`` and value
+0. Its weight ``p_sigma = 2^(c (sigma_u - m))`` (``sigma_u = sigma log2(e) / c``, and ``m``
+the maximum over the keys and ``sigma_u``) joins ``l``; its own error ``w_sigma = p_sigma
+eta_sigma + f`` uses ``ln2 dt_sigma = ln2 u_s (|t_sigma| + tau + 2 (|c m| + tau) + 3 |c
+sigma_u|)`` (forming ``sigma_u`` and its exp2 argument) and ``r = all visible blocks`` (a
+kernel may start from it or add it last), and it joins ``rel`` and ``sum_j w_j |v_jc - o_c|``
+as ``w_sigma |o_c|``; it takes no P rounding and no P V term; ``n`` counts it.
+
+Split-KV (``num_splits = S > 1``, :mod:`reference.splitkv`): each split's partial result is
+consistent with the per-key model above (its numerator and row sum see the same perturbed
+weights), so only the combine adds error. It multiplies every key of split ``s`` by
+``exp(LSE_s - LSE) / l_s``-style factors formed in the accumulator dtype: the division giving
+``O_s``, ``LSE_s = (m_s c + log2 l_s) ln2``, ``exp(LSE_s - m)``, the normalization and the final
+product. With ``|c m_s| <= |c m| + |c s_j|``, ``ln l_s <= ln n_k`` (``n_k`` = Sk),
+``|LSE_s - LSE| <= ln2 |t_j| + ln n_k`` and ``|LSE| <= ln2 |c m| + ln n_k``, key j's exponent
+gains (natural log)::
+
+    4 u_acc + 2 eps + 3 u_acc (ln2 (|c m| + |c s_j|) + ln n_k)
+                    + u_acc (ln2 |t_j| + ln n_k) + 2 u_acc (ln2 |c m| + ln n_k)
+
+``S`` joins the ``gamma`` count (the sum over splits), and the LSE bound adds
+``eps + 2 u_acc |lse|`` for the combine's log and addition. A sink (in one split) gains the
+same with ``sigma_u`` for ``s_j``.
+
 Evaluation: float64, chunked over query rows (O(rows * Sk) memory, never Sq * Sk * D). The
 ``sum_j w_j |v_jc - o_c|`` sums are exact over each row's 64 heaviest keys and use
 ``|v - mu| + |mu - o|`` (``mu`` = V's column mean) for the rest: an upper bound, within 7 % of
@@ -114,9 +149,18 @@ class _Chain:
     half_sub_o: float
     tau: float
     rounded_p_sum: bool
+    eps_tanh: float
+    num_splits: int
 
     @classmethod
-    def of(cls, precision: StreamingPrecision, exp2_error_ulp: float, mma_u: float) -> _Chain:
+    def of(
+        cls,
+        precision: StreamingPrecision,
+        exp2_error_ulp: float,
+        mma_u: float,
+        tanh_error_ulp: float = 2.0,
+        num_splits: int = 1,
+    ) -> _Chain:
         def mma(dtype: str) -> float:
             return mma_u if dtype == "float32" else unit_roundoff(dtype)
 
@@ -137,6 +181,8 @@ class _Chain:
             half_sub_o=float(format_info(out).smallest_subnormal) / 2 if narrower_out else 0.0,
             tau=float(precision.rescale_threshold_log2),
             rounded_p_sum=precision.row_sum_from_rounded_p,
+            eps_tanh=tanh_error_ulp * 2 * u_s,
+            num_splits=num_splits,
         )
 
 
@@ -153,6 +199,7 @@ class _RowChunk:
     scaled_max: np.ndarray  # [r] softmax_scale * m (0 for empty rows)
     w_common: np.ndarray  # [r, Sk] weights of |v - o|: p eta + f (+ dP with rounded-P row sum)
     w_p: np.ndarray  # [r, Sk] dP_j, the P-rounding weights of |v| (0 with rounded-P row sum)
+    w_sink: np.ndarray  # [r] the sink's weight error w_sigma (0 without a sink)
 
 
 def error_bound(
@@ -164,6 +211,8 @@ def error_bound(
     exp2_error_ulp: float = 2.0,
     mma_unit_roundoff: float = 2**-23,
     kv_order: str = "any",
+    tanh_error_ulp: float = 2.0,
+    num_splits: int = 1,
 ) -> np.ndarray:
     """Rigorous bound ``[B, Sq, Hq, Dv]`` on ``|o_kernel - o_exact|`` (module docstring).
 
@@ -171,14 +220,23 @@ def error_bound(
     ``ExactResult``, use a float64 recomputation); ``p_j``, ``m`` and ``l`` are recomputed in
     float64 from ``case``, ``block_n`` rows' worth of memory at a time.
     """
-    chain = _check(case, precision, block_n, exp2_error_ulp, mma_unit_roundoff, kv_order)
+    chain = _check(
+        case,
+        precision,
+        block_n,
+        exp2_error_ulp,
+        mma_unit_roundoff,
+        kv_order,
+        tanh_error_ulp,
+        num_splits,
+    )
     ref_o = np.asarray(reference.o, dtype=np.float64)
     if ref_o.shape != (case.B, case.Sq, case.Hq, case.Dv):
         raise ValueError(
             f"reference.o shape {ref_o.shape} must be [B, Sq, Hq, Dv]="
             f"{(case.B, case.Sq, case.Hq, case.Dv)}"
         )
-    n = case.Sk + 2 * _num_blocks(case, block_n)
+    n = case.Sk + 2 * _num_blocks(case, block_n) + (case.sink is not None) + chain.num_splits
     bound = np.zeros_like(ref_o)
     for chunk in _row_chunks(case, chain, block_n, kv_order):
         v = case.v[chunk.b, :, case.kv_head(chunk.h), :].astype(np.float64)
@@ -190,7 +248,8 @@ def error_bound(
         p_mma = chunk.p + chunk.w_common + chunk.w_p  # >= |P~_j| entering P V
         rest = (chunk.w_p + gamma(n, chain.u_pv) * p_mma) @ np.abs(v)
         numerator = _weighted_abs_dev(chunk.w_common, v, o) + rest
-        rel = chunk.w_common.sum(axis=1, keepdims=True) / l_safe
+        numerator += chunk.w_sink[:, None] * np.abs(o)  # the sink: a key whose value is 0
+        rel = (chunk.w_common.sum(axis=1) + chunk.w_sink)[:, None] / l_safe
         g = gamma(n, chain.u_acc)
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             x = (numerator / l_safe + (1 + rel) * g * np.abs(o)) / ((1 - rel) * (1 - g))
@@ -211,13 +270,24 @@ def lse_error_bound(
     exp2_error_ulp: float = 2.0,
     mma_unit_roundoff: float = 2**-23,
     kv_order: str = "any",
+    tanh_error_ulp: float = 2.0,
+    num_splits: int = 1,
 ) -> np.ndarray:
     """Rigorous bound ``[B, Hq, Sq]`` on ``|lse_kernel - lse_exact|`` (natural log; module
     docstring). Empty rows get 0: the kernel must return exactly ``-inf``. ``reference.lse``
     (None or NaN rows: a float64 recomputation) only supplies the magnitude ``|lse|``.
     """
-    chain = _check(case, precision, block_n, exp2_error_ulp, mma_unit_roundoff, kv_order)
-    n = case.Sk + 2 * _num_blocks(case, block_n)
+    chain = _check(
+        case,
+        precision,
+        block_n,
+        exp2_error_ulp,
+        mma_unit_roundoff,
+        kv_order,
+        tanh_error_ulp,
+        num_splits,
+    )
+    n = case.Sk + 2 * _num_blocks(case, block_n) + (case.sink is not None) + chain.num_splits
     ref_lse = reference.lse
     bound = np.zeros((case.B, case.Hq, case.Sq))
     for chunk in _row_chunks(case, chain, block_n, kv_order):
@@ -229,12 +299,14 @@ def lse_error_bound(
             lse = np.where(np.isfinite(given), given, lse)
         # Only weights that enter row_sum move the LSE: w_common (it holds dP when row_sum adds
         # the rounded P); P's rounding before P V alone does not.
-        relative = chunk.w_common.sum(axis=1) / np.where(nonempty, chunk.l, 1)
+        relative = (chunk.w_common.sum(axis=1) + chunk.w_sink) / np.where(nonempty, chunk.l, 1)
         r = relative + gamma(n, chain.u_acc) * (1 + relative)  # |L~ - l| <= r l
         with np.errstate(divide="ignore", invalid="ignore"):
             d = np.where(r < 1, -np.log1p(-np.minimum(r, 1)), np.inf)  # >= |ln L~ - ln l|
         out = d + chain.eps * np.maximum(1, ln_l + d)
         out += 3 * chain.u_s * (np.abs(chunk.scaled_max) + chain.tau * LN_2 + np.abs(lse))
+        if chain.num_splits > 1:  # the combine's log and addition
+            out += chain.eps + 2 * chain.u_acc * np.abs(lse)
         out = np.where(np.isnan(out), np.inf, out * EVALUATION_SLACK)
         bound[chunk.b, chunk.h, chunk.rows] = np.where(nonempty, out, 0)
     return bound
@@ -267,6 +339,8 @@ def _check(
     exp2_error_ulp: float,
     mma_unit_roundoff: float,
     kv_order: str,
+    tanh_error_ulp: float,
+    num_splits: int,
 ) -> _Chain:
     if not isinstance(case, AttentionCase):
         raise ValueError(f"case must be an AttentionCase, got {type(case).__name__}")
@@ -280,7 +354,19 @@ def _check(
         raise ValueError(f"mma_unit_roundoff={mma_unit_roundoff!r} must be in (0, 2^-8)")
     if kv_order not in KV_ORDERS:
         raise ValueError(f"kv_order={kv_order!r} must be one of {KV_ORDERS}")
-    return _Chain.of(precision, float(exp2_error_ulp), float(mma_unit_roundoff))
+    if not (isinstance(tanh_error_ulp, (int, float)) and 0 <= tanh_error_ulp < 2**20):
+        raise ValueError(f"tanh_error_ulp={tanh_error_ulp!r} must be a float in [0, 2^20)")
+    if isinstance(num_splits, bool) or not isinstance(num_splits, (int, np.integer)):
+        raise ValueError(f"num_splits={num_splits!r} must be an int >= 1")
+    if num_splits < 1:
+        raise ValueError(f"num_splits={num_splits!r} must be an int >= 1")
+    return _Chain.of(
+        precision,
+        float(exp2_error_ulp),
+        float(mma_unit_roundoff),
+        float(tanh_error_ulp),
+        int(num_splits),
+    )
 
 
 def _num_blocks(case: AttentionCase, block_n: int) -> int:
@@ -289,7 +375,6 @@ def _num_blocks(case: AttentionCase, block_n: int) -> int:
 
 def _row_chunks(case: AttentionCase, chain: _Chain, block_n: int, kv_order: str):
     """Yield :class:`_RowChunk` for every (b, h) and block of query rows."""
-    c = LOG2_E * case.softmax_scale
     heavy_elements = min(case.Sk, _HEAVY_KEYS) * case.Dv  # per row in _weighted_abs_dev
     rows_per_chunk = max(1, _ROW_CHUNK_ELEMENTS // max(case.Sk, heavy_elements // 8, 1))
     for b in range(case.B):
@@ -301,14 +386,23 @@ def _row_chunks(case: AttentionCase, chain: _Chain, block_n: int, kv_order: str)
                 k_seen = np.where(seen.any(axis=0)[:, None], k, 0)  # padding may hold NaN
                 q = case.q[b, rows, h, :].astype(np.float64)
                 q = np.where(seen.any(axis=1)[:, None], q, 0)  # padded query rows too
-                yield _weights(b, h, rows, seen, q, k_seen, c, chain, block_n, kv_order)
+                yield _weights(case, b, h, rows, seen, q, k_seen, chain, block_n, kv_order)
 
 
-def _weights(b, h, rows, seen, q, k, c, chain: _Chain, block_n: int, kv_order: str) -> _RowChunk:
+def _weights(
+    case: AttentionCase, b, h, rows, seen, q, k, chain: _Chain, block_n: int, kv_order: str
+) -> _RowChunk:
     """Float64 p, l, m of a row chunk and the per-key weights of the bound."""
-    s = q @ k.T
+    scale, cap = case.softmax_scale, case.softcap
+    scores = q @ k.T
+    # s: what the kernel exponentiates with c; the logits themselves under a softcap
+    s = scores if cap is None else cap * np.tanh(scale * scores / cap)
+    c = LOG2_E * scale if cap is None else LOG2_E
     t = np.where(seen, s, -np.inf)
     m = t.max(axis=1, initial=-np.inf)
+    sink_u = None if case.sink is None else float(case.sink[h]) * LOG2_E / c  # sigma_u
+    if sink_u is not None:
+        m = np.maximum(m, sink_u)
     nonempty = m > -np.inf
     m = np.where(nonempty, m, 0)[:, None]
     t -= m
@@ -319,12 +413,20 @@ def _weights(b, h, rows, seen, q, k, c, chain: _Chain, block_n: int, kv_order: s
     # error gamma_D(2^-24) is folded into the constant.
     D = q.shape[1]
     qk = np.abs(q).astype(np.float32) @ np.abs(k).T.astype(np.float32)
-    qk_factor = LN_2 * c * gamma(D, chain.u_qk) * (1 + gamma(D, 2.0**-24))
+    qk_factor = LN_2 * LOG2_E * scale * gamma(D, chain.u_qk) * (1 + gamma(D, 2.0**-24))
+    if cap is not None:  # e_j's MMA term passes the scale, /cap, tanh and *cap
+        qk_factor *= (1 + chain.eps_tanh) * (1 + chain.u_s) ** 3
     arg = np.multiply(qk, qk_factor, dtype=np.float64)
+    if cap is not None:  # e_j's rounding terms (module docstring, softcap)
+        eps_t, u_s = chain.eps_tanh, chain.u_s
+        arg += gamma(2, u_s) * np.abs(scale * scores) + (eps_t + u_s + eps_t * u_s) * np.abs(s)
     arg += (LN_2 * chain.u_s * c) * (np.abs(s) + (m - s))  # u_s (c|s_j| + |t_j|)
     arg += LN_2 * chain.u_s * (chain.tau + 2 * cm) + chain.eps  # the row's constant part
     per_rescale = chain.eps + chain.u_acc + 3 * LN_2 * chain.u_s * cm
-    arg += _rescales(seen, block_n, kv_order) * per_rescale
+    rescales = _rescales(seen, block_n, kv_order)
+    arg += rescales * per_rescale
+    arg += _combine_error(chain, c, m, s, np.where(seen, t, 0), s.shape[1])
+    p_sink, w_sink = _sink_weight(sink_u, m[:, 0], c, cm[:, 0], seen, block_n, chain, per_rescale)
     eta = arg * (1 + arg)  # >= expm1(arg) for 0 <= arg <= 1.79; exact expm1 beyond
     large = arg > 1
     with np.errstate(over="ignore", invalid="ignore"):
@@ -340,11 +442,44 @@ def _weights(b, h, rows, seen, q, k, c, chain: _Chain, block_n: int, kv_order: s
         rows=rows,
         seen=seen,
         p=p,
-        l=p.sum(axis=1),
+        l=p.sum(axis=1) + p_sink,
         scaled_max=(m[:, 0] * c * LN_2),
         w_common=w_common,
         w_p=w_p,
+        w_sink=w_sink,
     )
+
+
+def _sink_weight(
+    sink_u: float | None,
+    m: np.ndarray,
+    c: float,
+    cm: np.ndarray,
+    seen: np.ndarray,
+    block_n: int,
+    chain: _Chain,
+    per_rescale: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(p_sigma, w_sigma)`` per row (module docstring, sink); zeros without a sink."""
+    if sink_u is None:
+        return np.zeros(len(m)), np.zeros(len(m))
+    t = c * (sink_u - m)  # <= 0
+    arg = LN_2 * chain.u_s * (np.abs(t) + chain.tau + 2 * cm + 3 * abs(c * sink_u)) + chain.eps
+    blocks = _rescales(seen, block_n, "any")[:, 0] + seen.any(axis=1)  # every visible block
+    arg += blocks * per_rescale[:, 0]
+    arg += _combine_error(chain, c, m, sink_u, t, seen.shape[1])
+    p = np.exp2(t)
+    return p, p * np.expm1(arg) + chain.ftz
+
+
+def _combine_error(chain: _Chain, c: float, m, s, t, keys: int):
+    """The split-KV combine's exponent error per key (module docstring, split-KV); 0 for one
+    split. ``m``, ``s``, ``t``: row max, score and ``c (s - m)`` (arrays or scalars)."""
+    if chain.num_splits == 1:
+        return 0.0
+    u, ln_n, lm = chain.u_acc, np.log(max(keys, 1)), LN_2 * np.abs(c * m)
+    ls, lt = LN_2 * np.abs(c * s), LN_2 * np.abs(t)
+    return 4 * u + 2 * chain.eps + 3 * u * (lm + ls + ln_n) + u * (lt + ln_n) + 2 * u * (lm + ln_n)
 
 
 def _rescales(seen: np.ndarray, block_n: int, kv_order: str) -> np.ndarray:

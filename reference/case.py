@@ -149,7 +149,17 @@ class AttentionCase:
 
     ``q``, ``k``, ``v`` hold values of one input dtype (float16, ml_dtypes.bfloat16, float32);
     every tier sees exactly these values. They must be finite except in padding (positions past
-    ``mask.q_lengths`` / ``mask.k_lengths``), which no kernel may read.
+    ``mask.q_lengths`` / ``mask.k_lengths``) and, for ``k`` and ``v``, at keys that no query
+    can see (:func:`reference.masks.hidden_keys`): no kernel may read those.
+
+    Forward-surface options (flash_attn.cute's ``softcap`` and ``learnable_sink``; both default
+    off, docs/forward-surface.md):
+
+    * ``softcap``: logits are ``softcap * tanh(softmax_scale * q.k / softcap)``: the scale enters
+      *before* the cap, and the LSE is the log-sum-exp of the capped logits. None = no cap.
+    * ``sink``: float32 ``[Hq]``, one extra logit per query head in the softmax denominator that
+      carries no value (natural-log units: neither scaled nor capped). A row that sees no key
+      then has ``O = 0`` and ``lse = sink[h]``. None = no sink.
     """
 
     q: np.ndarray
@@ -158,6 +168,8 @@ class AttentionCase:
     softmax_scale: float | None = None
     mask: Mask = field(default_factory=Mask)
     label: str = ""
+    softcap: float | None = None
+    sink: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         for name in ("q", "k", "v"):
@@ -184,6 +196,7 @@ class AttentionCase:
         self._check_shapes()
         self._check_scale()
         self._check_mask()
+        self._check_surface()
         for name in ("q", "k", "v"):
             array = np.array(getattr(self, name), copy=True)
             array.setflags(write=False)
@@ -252,6 +265,27 @@ class AttentionCase:
                     f"[B, Hq, Sq, Sk]={target}"
                 )
 
+    def _check_surface(self) -> None:
+        cap = self.softcap
+        if cap is not None:
+            if isinstance(cap, bool) or not isinstance(cap, (int, float, np.floating)):
+                raise ValueError(f"softcap={cap!r} must be None or a float")
+            if not (math.isfinite(float(cap)) and float(cap) > 0):
+                raise ValueError(f"softcap={cap!r} must be finite and > 0 (None = no cap)")
+            object.__setattr__(self, "softcap", float(cap))
+        if self.sink is not None:
+            sink = np.asarray(self.sink)
+            if sink.shape != (self.Hq,) or sink.dtype.kind != "f":
+                raise ValueError(
+                    f"sink must be a float array of shape [Hq]=({self.Hq},), "
+                    f"got dtype={sink.dtype} shape={sink.shape}"
+                )
+            sink32 = sink.astype(np.float32)
+            if not (np.isfinite(sink32).all() and (sink32 == sink).all()):
+                raise ValueError(f"sink={sink.tolist()} must hold finite float32 values")
+            sink32.setflags(write=False)
+            object.__setattr__(self, "sink", sink32)
+
     def _check_finite(self) -> None:
         for name, lengths in (
             ("q", self.mask.q_lengths),
@@ -263,6 +297,10 @@ class AttentionCase:
             if lengths is not None:
                 positions = np.arange(array.shape[1])[None, :]
                 bad &= (positions < np.asarray(lengths)[:, None])[:, :, None, None]
+            if bad.any() and name != "q":  # K/V behind a mask may hold anything, as padding
+                from attention_crossval.reference.masks import hidden_keys  # masks imports us
+
+                bad &= ~hidden_keys(self)[..., None]
             if bad.any():
                 index = tuple(int(i) for i in np.argwhere(bad)[0])
                 raise ValueError(
@@ -307,7 +345,10 @@ class AttentionCase:
         )
         label = f" [{self.label}]" if self.label else ""
         mask = self.mask.describe()
-        return f"{shape} {self.dtype} mask={mask} scale={self.softmax_scale:.6g}{label}"
+        surface = "" if self.softcap is None else f" softcap={self.softcap:.6g}"
+        surface += "" if self.sink is None else f" sink={self.sink.tolist()}"
+        scale = f"scale={self.softmax_scale:.6g}"
+        return f"{shape} {self.dtype} mask={mask} {scale}{surface}{label}"
 
     def save(self, path: str | Path) -> Path:
         """Write the case to ``.npz`` (bf16 stored as uint16 bits) so it can be replayed."""
@@ -320,6 +361,10 @@ class AttentionCase:
             for name in "qkv"
         }
         extras = {} if mask.explicit is None else {"explicit": mask.explicit}
+        if self.softcap is not None:
+            extras["softcap"] = self.softcap
+        if self.sink is not None:
+            extras["sink"] = self.sink
         np.savez_compressed(
             path,
             **arrays,
@@ -357,7 +402,16 @@ class AttentionCase:
                 k_lengths=k_lengths,
                 explicit=data["explicit"] if "explicit" in data else None,
             )
-            return cls(q, k, v, float(data["softmax_scale"]), mask, str(data["label"]))
+            return cls(
+                q,
+                k,
+                v,
+                float(data["softmax_scale"]),
+                mask,
+                str(data["label"]),
+                softcap=float(data["softcap"]) if "softcap" in data else None,
+                sink=data["sink"] if "sink" in data else None,
+            )
 
 
 _LAYOUT = {"q": "[B, Sq, Hq, D]", "k": "[B, Sk, Hkv, D]", "v": "[B, Sk, Hkv, Dv]"}

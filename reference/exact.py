@@ -34,6 +34,25 @@ float64 and inflated by ``1 + 2^-30`` to cover their own rounding.
 
 Masked keys get ``p = 0`` exactly and their K/V entries are never read (padding may hold NaN).
 An empty row has ``O = 0``, ``LSE = -inf`` and bound 0.
+
+Softcap and sink (``case.softcap``, ``case.sink``; docs/forward-surface.md). The logits
+``l_j = cap tanh(c s_j / cap)`` (or ``c s_j`` without a cap) and the sink logit ``sigma`` are
+taken to fixed point, ``L_j = floor(l_j 2^F)``, each within ``e`` units of ``u``: ``e = 1``
+for the exact dyadic ``c s_j`` and ``sigma``; with a cap ``c s_j / cap``, ``tanh`` and the
+product run in mpmath at ``W = F + 16 + log2(cap)`` bits, so ``e = 1 + cap (TANH_ERROR_BOUND +
+1) 2^(F-W)`` (tanh is 1-Lipschitz, and mpmath's ``mpf_tanh`` is *assumed* within
+``TANH_ERROR_BOUND`` units of ``2^-W``, checked by sampling like ``exp_fixed``). The shift is
+``M = max_j L_j`` over the keys, within ``e u`` of the true maximum logit, so every exp argument
+``M - L_j`` is within ``2 e u`` of the true one: ``delta = (EXP_FIXED_ERROR_BOUND + 1 + 2e) u``.
+The sink is a key whose value is 0: it adds its weight to ``L~`` and 0 to every numerator.
+Below the shift its weight is a fixed-point ``exp`` like the others (the O bound above holds
+with ``n + 1`` terms and ``R`` taken over the values and 0); above it, it is
+``floor(exp(sigma - M) 2^F)`` from mpmath's ``exp`` at ``F + 8`` bits, within relative
+``rho = (2e + 3) u``, so a dominating sink never drives every key weight below ``2^-F`` (O
+stays accurate however small). Then ``(P~_sigma - p_sigma)(0 - O) / L~`` adds at most
+``2 rho |O|`` to the O bound and ``2 rho`` to the LSE bound (both added whenever there is a
+sink). The LSE is ``M u + ln L~``, one more ``e u`` for the shift. An empty row with a sink has
+``O = 0``, ``LSE = sigma`` (exact) and bound 0.
 """
 
 from __future__ import annotations
@@ -48,9 +67,13 @@ from mpmath.libmp import (
     from_man_exp,
     mpf_add,
     mpf_div,
+    mpf_exp,
     mpf_log,
+    mpf_mul,
     mpf_sub,
+    mpf_tanh,
     round_nearest,
+    to_fixed,
     to_float,
 )
 from mpmath.libmp.libelefun import exp_fixed, ln2_fixed
@@ -61,6 +84,9 @@ from attention_crossval.reference.masks import visible
 #: Assumed bound on the error of ``exp_fixed(x, F)`` in units of ``2^-F`` for ``x <= 0``
 #: (mpmath's Taylor series plus squarings loses a few tens of units at most; the test samples it).
 EXP_FIXED_ERROR_BOUND = 64
+#: Assumed bound on the error of ``mpf_tanh(x, W)`` in units of ``2^-W`` (mpmath computes it
+#: from ``exp`` at extra precision; the test samples it against a much wider evaluation).
+TANH_ERROR_BOUND = 64
 
 #: Largest ``prec_bits``: a row sum (up to ``Sk 2^prec_bits``, Sk <= 2^28 by the element budget
 #: reference.case.MAX_ELEMENTS) must stay below 2^1024 to be converted to a float64.
@@ -154,7 +180,8 @@ def sample_grid(shape: tuple[int, ...], n: int, seed: int = 0, what: str = "rows
 def naive_exact_attention(
     case: AttentionCase, rows: np.ndarray | None = None, *, dps: int = 100
 ) -> AttentionResult:
-    """Independent, obviously correct mpmath loop (private context at ``dps`` digits).
+    """Independent, obviously correct mpmath loop (private context at ``dps`` digits), with the
+    softcap and the sink as ``AttentionCase`` defines them.
 
     For cross-checks on small shapes only (~0.06 rows/s at Sk=8192, d=128). Scores use
     ``fdot``, which drops terms ~2 prec below the running sum: at dps >= 100 (~332 bits) that
@@ -169,15 +196,19 @@ def naive_exact_attention(
     scale = ctx.mpf(case.softmax_scale)
     for b, h, i in zip(*np.nonzero(rows), strict=True):
         keys = np.flatnonzero(visible(case, b, h, rows=np.array([i]))[0])
+        sink = None if case.sink is None else ctx.mpf(float(case.sink[h]))
         if keys.size == 0:
-            o[b, i, h], lse[b, h, i] = 0.0, -np.inf
+            o[b, i, h], lse[b, h, i] = 0.0, -np.inf if sink is None else float(sink)
             continue
         kvh = case.kv_head(h)
         q = [ctx.mpf(float(x)) for x in case.q[b, i, h]]
         s = [scale * ctx.fdot(q, [ctx.mpf(float(x)) for x in case.k[b, j, kvh]]) for j in keys]
-        m = max(s)
+        if case.softcap is not None:  # the cap acts on the scaled scores
+            cap = ctx.mpf(case.softcap)
+            s = [cap * ctx.tanh(x / cap) for x in s]
+        m = max(s if sink is None else [*s, sink])
         p = [ctx.exp(x - m) for x in s]
-        total = ctx.fsum(p)
+        total = ctx.fsum(p if sink is None else [*p, ctx.exp(sink - m)])  # the sink: no value
         for c in range(case.Dv):
             num = ctx.fdot(p, [ctx.mpf(float(case.v[b, j, kvh, c])) for j in keys])
             o[b, i, h, c] = float(num / total)
@@ -310,8 +341,9 @@ def _evaluate_group(
         for i, row_seen in zip(index, seen, strict=True):
             if row_seen.any():
                 selected.append((h, int(i), row_seen))
-            else:
-                out.o[b, i, h], out.o_lo[b, i, h], out.lse[b, h, i] = 0.0, 0.0, -np.inf
+            else:  # O = 0; LSE = -inf, or the sink logit (exact) when there is one
+                empty_lse = -np.inf if case.sink is None else float(case.sink[h])
+                out.o[b, i, h], out.o_lo[b, i, h], out.lse[b, h, i] = 0.0, 0.0, empty_lse
                 out.o_err_bound[b, h, i] = out.lse_err_bound[b, h, i] = 0.0
     if not selected:
         return
@@ -328,9 +360,15 @@ def _evaluate_group(
         n = len(chunk)
         q = np.stack([case.q[b, i, h] for h, i, _ in chunk]).astype(np.float64)
         scores, score_exponent = dyadic_matmul(q, k)  # exact: q k^T = scores 2^score_exponent
-        weights = _Weights(case.softmax_scale, score_exponent, prec_bits)
         masks = [seen[cols] for _, _, seen in chunk]
-        p_rows = [weights.row(scores[r], masks[r]) for r in range(n)]
+        if case.softcap is None and case.sink is None:
+            weights = _Weights(case.softmax_scale, score_exponent, prec_bits)
+            p_rows = [weights.row(scores[r], masks[r]) for r in range(n)]
+        else:
+            weights = _SurfaceWeights(case, score_exponent, prec_bits)
+            p_rows = [
+                weights.surface_row(scores[r], masks[r], h) for r, (h, _, _) in enumerate(chunk)
+            ]
         p_limbs = weights.limbs(p_rows, len(cols))  # [nl, n, cols]
         nl = p_limbs.shape[0]
         pv = (p_limbs.reshape(nl * n, len(cols)) @ v_limbs).reshape(nl, n, nv, case.Dv)
@@ -344,6 +382,10 @@ def _evaluate_group(
 class _Weights:
     """Fixed-point softmax weights ``P_j = exp(c (s_j - m)) 2^F`` for one score exponent."""
 
+    arg_error_units = 1  # |exp argument error| <= this many u (the truncation to F bits)
+    shift_error = 0.0  # |error of the LSE shift c m|: exact
+    sink_error = 0.0  # 2 rho, the relative error of a sink weight above the shift: no sink
+
     def __init__(self, softmax_scale: float, score_exponent: int, prec_bits: int) -> None:
         self.fraction_bits = prec_bits
         self.scale_man, scale_exp = _dyadic(softmax_scale)
@@ -353,22 +395,27 @@ class _Weights:
         self.score_exponent = score_exponent
         self.scale_exp = scale_exp
 
-    def row(self, scores: np.ndarray, seen: np.ndarray) -> tuple[list[int], int]:
-        """(P for every column, 0 where masked; the exact row max as an integer score)."""
+    def row(self, scores: np.ndarray, seen: np.ndarray) -> tuple[list[int], int, None]:
+        """(P for every column, 0 where masked; the exact row max as an integer score; no sink
+        weight)."""
         row_scores = scores[seen]
         row_max = row_scores.max()
         d = (row_max - row_scores) * self.scale_man
         x = d << self.arg_shift if self.arg_shift >= 0 else d >> -self.arg_shift
-        one, F, ln2, cutoff = 1 << self.fraction_bits, self.fraction_bits, self.ln2, self.cutoff
-        p = [one if not xi else 0 if xi > cutoff else exp_fixed(-xi, F, ln2) for xi in x]
+        p = [self.weight(int(xi)) for xi in x]
         full = [0] * len(seen)
         for j, pj in zip(np.flatnonzero(seen), p, strict=True):
             full[j] = int(pj)
-        return full, row_max
+        return full, row_max, None
+
+    def weight(self, x: int) -> int:
+        """``exp(-x 2^-F) 2^F`` for a fixed-point ``x >= 0`` (0 below ``2^-(F+2)``)."""
+        F = self.fraction_bits
+        return 1 << F if not x else 0 if x > self.cutoff else exp_fixed(-x, F, self.ln2)
 
     def limbs(self, p_rows: list[tuple[list[int], int]], cols: int) -> np.ndarray:
         """``[nl, rows, cols]`` float64 uint16 limbs of the weights (exact)."""
-        weights = [pj for p, _ in p_rows for pj in p]
+        weights = [pj for p, *_ in p_rows for pj in p]
         return int_limbs(weights, (len(p_rows), cols), self.fraction_bits + 1)
 
     def lse_shift(self, row_max: int) -> tuple:
@@ -391,6 +438,68 @@ def int_limbs(
     return limbs
 
 
+class _SurfaceWeights(_Weights):
+    """Weights with a softcap and/or a sink: fixed-point logits ``L_j`` and shift ``M = max L``
+    (module docstring, "Softcap and sink")."""
+
+    def __init__(self, case: AttentionCase, score_exponent: int, prec_bits: int) -> None:
+        super().__init__(case.softmax_scale, score_exponent, prec_bits)
+        self.sink = case.sink
+        self.softcap = None if case.softcap is None else from_float(case.softcap)
+        cap = case.softcap or 0.0
+        self.work_bits = prec_bits + 16 + max(0, math.ceil(math.log2(cap))) if cap else prec_bits
+        logit_error = 1 + cap * (TANH_ERROR_BOUND + 1) * 2.0 ** (prec_bits - self.work_bits)
+        self.arg_error_units = 2 * logit_error
+        self.shift_error = logit_error * 2.0**-prec_bits
+        self.sink_error = 0.0 if case.sink is None else 2 * (2 * logit_error + 3) * 2.0**-prec_bits
+
+    def logits(self, scores: np.ndarray) -> list[int]:
+        """``floor(l_j 2^F)`` for integer scores: ``l_j = c s_j``, capped when there is a cap."""
+        exponent = self.scale_exp + self.score_exponent
+        if self.softcap is None:
+            shift = exponent + self.fraction_bits
+            return [
+                (self.scale_man * int(s)) << shift
+                if shift >= 0
+                else (self.scale_man * int(s)) >> -shift
+                for s in scores
+            ]
+        W, cap = self.work_bits, self.softcap
+        return [
+            to_fixed(
+                mpf_mul(
+                    mpf_tanh(mpf_div(from_man_exp(self.scale_man * int(s), exponent), cap, W), W),
+                    cap,
+                ),
+                self.fraction_bits,
+            )
+            for s in scores
+        ]
+
+    def surface_row(
+        self, scores: np.ndarray, seen: np.ndarray, h: int
+    ) -> tuple[list[int], int, int | None]:
+        """(P for every column, 0 where masked; the shift ``M`` in fixed point; the sink's
+        weight, None without a sink) for a row of query head ``h``."""
+        logits = self.logits(scores[seen])
+        shift = max(logits)
+        full = [0] * len(seen)
+        for j, logit in zip(np.flatnonzero(seen), logits, strict=True):
+            full[j] = int(self.weight(shift - logit))
+        if self.sink is None:
+            return full, shift, None
+        F = self.fraction_bits
+        numerator, denominator = float(self.sink[h]).as_integer_ratio()
+        sink = (numerator << F) // denominator  # floor(sigma 2^F)
+        if sink <= shift:
+            return full, shift, int(self.weight(shift - sink))
+        return full, shift, to_fixed(mpf_exp(from_man_exp(sink - shift, -F), F + 8), F)
+
+    def lse_shift(self, shift: int) -> tuple:
+        """``M u`` as an exact mpf."""
+        return from_man_exp(shift, -self.fraction_bits)
+
+
 def _dyadic(x: float) -> tuple[int, int]:
     """``(man, exp)`` with ``x = man 2^exp`` exactly."""
     numerator, denominator = x.as_integer_ratio()
@@ -403,15 +512,15 @@ def _finish_row(
     h: int,
     i: int,
     numerators: np.ndarray,
-    p_row: tuple[list[int], int],
+    p_row: tuple[list[int], int, int | None],
     v_seen: np.ndarray,
     v_exponent: int,
     weights: _Weights,
 ) -> None:
     """Divide, round to double-double, and certify one row (bounds in the module docstring)."""
-    p, row_max = p_row
+    p, row_max, sink_weight = p_row
     prec, F = weights.fraction_bits, weights.fraction_bits
-    row_sum = sum(p)
+    row_sum = sum(p) + (sink_weight or 0)
     l_mpf = from_man_exp(row_sum, -F)
     worst = 0.0
     for c, num in enumerate(numerators):
@@ -420,11 +529,14 @@ def _finish_row(
         lo = to_float(mpf_sub(y, from_float(hi), prec + 64, round_nearest), rnd=round_nearest)
         out.o[b, i, h, c], out.o_lo[b, i, h, c] = hi, lo
         worst = max(worst, abs(hi))
+    if sink_weight is not None:  # the sink: one more key, whose value is 0
+        v_seen = np.vstack([v_seen, np.zeros((1, v_seen.shape[1]))])
     n = len(v_seen)
-    delta = (EXP_FIXED_ERROR_BOUND + 2) * 2.0**-F
+    delta = (EXP_FIXED_ERROR_BOUND + 1 + weights.arg_error_units) * 2.0**-F
     spread = float((v_seen.max(axis=0) - v_seen.min(axis=0)).max())
-    l_float = math.ldexp(row_sum, -F)  # >= 1
+    l_float = to_float(l_mpf)  # >= 1 (inf beyond the double range)
     o_bound = n * delta * spread / l_float + worst * (2.0 ** (1 - prec) + 2.0**-104) + 2.0**-1074
+    o_bound += weights.sink_error * worst
     out.o_err_bound[b, h, i] = o_bound * _BOUND_SLACK
     out.lse[b, h, i], out.lse_err_bound[b, h, i] = certified_lse(
         weights, row_max, row_sum, n * delta
@@ -443,6 +555,8 @@ def certified_lse(
     lse_float = to_float(lse, rnd=round_nearest)
     lse_bound = (
         row_sum_err_bound
+        + weights.shift_error
+        + weights.sink_error
         + abs(to_float(log_l)) * 2.0 ** (8 - prec)
         + abs(lse_float) * (2.0 ** (1 - prec) + 2.0**-53)
         + 2.0**-1074

@@ -54,3 +54,14 @@ def visible_all(case: AttentionCase) -> np.ndarray:
 def empty_rows(case: AttentionCase) -> np.ndarray:
     """Bool array ``[B, Hq, Sq]``: rows that see no key (O = 0, LSE = -inf by convention)."""
     return ~visible_all(case).any(axis=-1)
+
+
+def hidden_keys(case: AttentionCase) -> np.ndarray:
+    """Bool ``[B, Sk, Hkv]``: keys that no query row of any head reading that kv head sees, by
+    causal, window or explicit masks or padding. Their K/V may hold anything, NaN included: a
+    kernel must not read them (or must not let what it read reach the output)."""
+    seen = np.zeros((case.B, case.Sk, case.Hkv), dtype=bool)
+    for b in range(case.B):
+        for h in range(case.Hq):
+            seen[b, :, case.kv_head(h)] |= visible(case, b, h).any(axis=0)
+    return ~seen

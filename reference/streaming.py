@@ -5,12 +5,17 @@ The loop body of :func:`_attend_row_block` is the algorithm, one step per line (
 mutant can break one step at a time. Per query-row block and K/V block (``c = scale_log2``)::
 
     S      = Q K^T                                   (masked entries -inf)
+    S      = cap tanh(S scale / cap)                 (softcap only; then c = log2(e))
     m_new  = max(m_old, rowmax(S))                   (FA4: kept stale below the threshold)
     alpha  = exp2((m_old - m_new) * c)
     P      = exp2(S * c - m_new * c)                 (one FMA with a folded constant)
     l      = l * alpha + rowsum(P)
     O      = O * alpha + P V
     after the last block: O = O / l,  lse = (m * c + log2(l)) * ln 2
+
+Before the first block ``m = -inf, l = 0, O = 0``; with a sink ``sigma`` (a logit with no value)
+``m = sigma log2(e) / c, l = exp2(sigma log2(e) - m c) = 1, O = 0``: the sink is the state the
+loop starts from, so a row that sees no key ends with ``O = 0`` and ``lse = sigma``.
 
 Memory is O(block_m * block_n + outputs): the full score matrix is never formed.
 """
@@ -103,7 +108,9 @@ def streaming_attention(
         raise ValueError(f"trace must be a RescaleTrace (or None), got {type(trace).__name__}")
     trace.start(case)
     o = np.zeros((case.B, case.Sq, case.Hq, case.Dv))
-    lse = np.full((case.B, case.Hq, case.Sq), -np.inf)
+    lse = np.full((case.B, case.Hq, case.Sq), -np.inf)  # empty rows, padded queries included
+    if case.sink is not None:  # ... have the sink as their LSE
+        lse[:] = case.sink[None, :, None]
     for b in range(case.B):
         # Blocks stop at the valid key length, so padded K/V (possibly NaN) is never multiplied.
         k_len = case.k_length(b)
@@ -136,18 +143,27 @@ def _attend_row_block(
     """
     score_dtype, accum_dtype = np.dtype(precision.score_dtype), np.dtype(precision.accum_dtype)
     scale_log2 = score_dtype.type(LOG2_E * case.softmax_scale)  # c = fl(log2(e) * softmax_scale)
+    if case.softcap is not None:  # the scale goes inside the cap: exp2 takes log2(e) alone
+        cap, scale = score_dtype.type(case.softcap), score_dtype.type(case.softmax_scale)
+        scale_log2 = score_dtype.type(LOG2_E)  # c = log2(e)
     # Raise the max only when it grows by more than the threshold (log2 units -> score units).
     threshold = score_dtype.type(precision.rescale_threshold_log2 / scale_log2)
     kv_head = case.kv_head(h)
     Q = case.q[b, rows, h, :].astype(score_dtype)
     row_max = np.full(Q.shape[0], -np.inf, score_dtype)  # m = -inf: no key seen yet
     row_sum = np.zeros(Q.shape[0], accum_dtype)  # l = 0
+    if case.sink is not None:  # start from the sink: m = sigma log2(e) / c, l = 1
+        row_max[:] = score_dtype.type(case.sink[h]) * score_dtype.type(LOG2_E) / scale_log2
+        row_sum[:] = 1
     O = np.zeros((Q.shape[0], case.Dv), accum_dtype)  # O = 0 (unnormalized)
     for cols in col_blocks:
         K = case.k[b, cols, kv_head, :].astype(score_dtype)
-        V = case.v[b, cols, kv_head, :].astype(accum_dtype)
         seen = visible(case, b, h, rows, cols)
+        V = case.v[b, cols, kv_head, :].astype(accum_dtype)
+        V = np.where(seen.any(axis=0)[:, None], V, 0)  # keys no row sees: never read (may be NaN)
         S = Q @ K.T  # S = Q K^T
+        if case.softcap is not None:
+            S = cap * np.tanh(S * scale / cap)  # S = cap tanh(S scale / cap)
         S = np.where(seen, S, -np.inf)  # masked scores are -inf, so exp2 gives P = 0
         m_old = row_max
         m_block = S.max(axis=1)  # rowmax(S)

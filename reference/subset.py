@@ -44,7 +44,14 @@ class RowSubset:
             q_lengths = tuple(int(np.sum(positions < n)) for n in q_lengths)
         mask = Mask(q_lengths=q_lengths, k_lengths=full.mask.k_lengths, explicit=seen)
         sub = AttentionCase(
-            full.q[:, positions], full.k, full.v, full.softmax_scale, mask, full.label
+            full.q[:, positions],
+            full.k,
+            full.v,
+            full.softmax_scale,
+            mask,
+            full.label,
+            softcap=full.softcap,
+            sink=full.sink,
         )
         return cls(full, positions, sub)
 

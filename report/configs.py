@@ -45,7 +45,7 @@ MASK_KINDS = (
 )
 # Recipe fields added after reports existed: left out of fields() while None, so older recipes
 # keep their digest (resume keys) and their inputs (the NumPy seed hashes the recipe).
-_OPTIONAL = ("Dv", "softmax_scale")
+_OPTIONAL = ("Dv", "softmax_scale", "softcap", "sink")
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,9 @@ class Config:
       the inputs); ``tile_n`` the K block its patterns align to (e.g. ``ramp``: a new max in
       every block); ``noise`` the scale of the non-pattern key coordinates.
     * ``seed``: the NumPy seed the inputs are drawn from.
+    * ``softcap``: the case's softcap (None = none); ``sink``: one sink logit for every query
+      head, rounded to float32 (None = none). Left out of :meth:`fields` when None, so configs
+      without them keep their digests and inputs.
     * ``name``: unique within a report; derived from the fields when left empty.
     """
 
@@ -80,6 +83,8 @@ class Config:
     Dv: int | None = None
     softmax_scale: float | None = None
     name: str = ""
+    softcap: float | None = None
+    sink: float | None = None
 
     def __post_init__(self) -> None:
         # isinstance first: a list or dict value would make the membership tests raise TypeError.
@@ -123,6 +128,18 @@ class Config:
             raise ValueError(f"config.noise={noise!r} must be a finite number >= 0")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
             raise ValueError(f"config.seed={self.seed!r} must be an int >= 0 (a NumPy seed)")
+        for key in ("softcap", "sink"):
+            value = getattr(self, key)
+            if value is not None and (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not math.isfinite(value)
+                or (key == "softcap" and value <= 0)
+            ):
+                rule = "> 0" if key == "softcap" else "(a float32 logit)"
+                raise ValueError(f"config.{key}={value!r} must be None or a finite number {rule}")
+        if self.sink is not None and abs(self.sink) > float(np.finfo(np.float32).max):
+            raise ValueError(f"config.sink={self.sink!r} must be within the float32 range")
         if not isinstance(self.name, str):
             raise ValueError(f"config.name={self.name!r} must be a string (empty: derived)")
         if not self.name:
@@ -130,6 +147,8 @@ class Config:
             name = f"{short}-d{self.D}-q{self.Sq}-k{self.Sk}-{self.mask}-{self.distribution}"
             name += "" if self.Dv is None else f"-dv{self.Dv}"
             name += "" if self.softmax_scale is None else f"-scale{self.softmax_scale:g}"
+            name += "" if self.softcap is None else f"-cap{self.softcap:g}"
+            name += "" if self.sink is None else f"-sink{self.sink:g}"
             object.__setattr__(self, "name", name if self.seed == 0 else f"{name}-s{self.seed}")
 
     def fields(self) -> dict:
@@ -163,7 +182,17 @@ class Config:
                 a.astype(INPUT_DTYPES[self.dtype])
                 for a in DISTRIBUTIONS[self.distribution].build(context)
             )
-        return AttentionCase(q, k, v, context.softmax_scale, mask=mask, label=f"report:{self.name}")
+        sink = None if self.sink is None else np.full(self.Hq, self.sink, np.float32)
+        return AttentionCase(
+            q,
+            k,
+            v,
+            context.softmax_scale,
+            mask=mask,
+            label=f"report:{self.name}",
+            softcap=self.softcap,
+            sink=sink,
+        )
 
 
 @dataclass(frozen=True, eq=False)

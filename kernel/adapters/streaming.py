@@ -33,6 +33,8 @@ def _spec() -> KernelSpec:
         device="cpu",
         backward=True,
         backward_deterministic=True,
+        softcap=True,
+        sink=True,
     )
 
 

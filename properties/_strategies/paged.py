@@ -1,0 +1,46 @@
+"""Paged-KV layouts for drawn cases: page sizes that do not divide the kernel's tile, partly
+filled last pages, zero-length sequences (from the base strategy's varlen masks), and
+sequences that share a prefix, so their full pages are shared in the page table."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+from hypothesis import event
+from hypothesis import strategies as st
+
+from attention_crossval.reference.case import AttentionCase
+from attention_crossval.reference.paged import PagedKV, page_kv
+
+
+def _share_prefix(case: AttentionCase, page_size: int) -> AttentionCase:
+    """Batch 1 takes batch 0's K/V on their common whole pages (a legal page to share)."""
+    n = min(case.k_length(0), case.k_length(1)) // page_size * page_size
+    k, v = np.array(case.k), np.array(case.v)
+    k[1, :n], v[1, :n] = k[0, :n], v[0, :n]
+    return dataclasses.replace(case, k=k, v=v)
+
+
+@st.composite
+def _paged_cases(
+    draw: st.DrawFn, base: st.SearchStrategy[AttentionCase], tile_n: int
+) -> tuple[AttentionCase, PagedKV]:
+    case = draw(base)
+    sizes = {1, 3, tile_n // 2 + 1, tile_n - 1, tile_n, tile_n + 1, 2 * tile_n + 1} - {0}
+    page_size = draw(st.sampled_from(sorted(sizes)))
+    if case.B >= 2 and draw(st.booleans()):
+        case = _share_prefix(case, page_size)
+    paged = page_kv(case, page_size, seed=draw(st.integers(0, 2**32 - 1)))
+    event(f"page_size vs tile: {'divides' if tile_n % page_size == 0 else 'does not divide'}")
+    event(f"shared pages: {'yes' if paged.shared_pages else 'no'}")
+    return dataclasses.replace(case, label=f"{case.label} page_size={page_size}".strip()), paged
+
+
+def paged_cases(
+    base: st.SearchStrategy[AttentionCase], *, tile_n: int
+) -> st.SearchStrategy[tuple[AttentionCase, PagedKV]]:
+    """``(case, paged layout)`` pairs for a kernel whose K block is ``tile_n``."""
+    if isinstance(tile_n, bool) or not isinstance(tile_n, int) or tile_n < 1:
+        raise ValueError(f"tile_n={tile_n!r} must be an int >= 1")
+    return _paged_cases(base, tile_n)
