@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 # Before numpy: OpenBLAS' default threading is ~750x slower on small GEMMs on 2 cores
-# (shared/notes/numerics.md, 3.4).
+# (docs/numerics.md#small-gemms).
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import argparse  # noqa: E402
@@ -48,7 +48,7 @@ def machine() -> str:
 
 
 def make_case(sq: int, sk: int, d: int, dtype: str, *, causal: bool = False) -> AttentionCase:
-    """Q, K, V ~ N(0,1) * (1.5, 1.5, 1) rounded to ``dtype`` (shared/notes/numerics.md, 1)."""
+    """Q, K, V ~ N(0,1) * (1.5, 1.5, 1) rounded to ``dtype`` (docs/numerics.md#exact-speed)."""
     rng = np.random.default_rng(0)
     arrays = [
         (rng.standard_normal(shape) * scale).astype(np.float32).astype(INPUT_DTYPES[dtype])

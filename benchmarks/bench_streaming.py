@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 
 # One BLAS thread: the default thread count makes small GEMMs erratic and slow on a shared VM
-# (shared/notes/numerics.md, 3.4). Must be set before numpy is imported.
+# (docs/numerics.md#small-gemms). Must be set before numpy is imported.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import argparse  # noqa: E402

@@ -7,7 +7,7 @@ Every snippet must occur exactly once in the current source, else :func:`load_mu
 a mutant can never silently stop mutating when streaming.py changes.
 
 :func:`hunt` runs the float64 agreement property (the "kernel" against the certified exact tier
-with the derived bound, shared/notes/numerics.md 4.2) under Hypothesis until a counterexample
+with the derived bound, docs/numerics.md#error-bound) under Hypothesis until a counterexample
 appears, and reports how many examples and seconds that took and which case caught it. Only an
 ``AssertionError`` counts as a catch (:func:`is_a_catch`); any other error propagates.
 :func:`trigger_case` gives each mutant one small hand-made case that exposes it, so a test can

@@ -1,4 +1,4 @@
-"""Hypothesis strategies for attention cases: the public surface (style.md lesson 7).
+"""Hypothesis strategies for attention cases: the public surface (docs/design.md#public-surface).
 
 ``attention_cases()`` draws a shape inside a kernel's declaration, a mask, a score
 distribution, a dtype and a seed, and builds exact q, k, v with NumPy. Every case carries a label

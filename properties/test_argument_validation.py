@@ -1,4 +1,4 @@
-"""Bad input raises ValueError naming the field and the rule (style.md lessons 4 and 10).
+"""Bad input raises ValueError naming the field and the rule (docs/design.md#bad-input).
 
 One table of ``(constructor, bad keyword arguments, message fragment)`` rows, one parametrized
 test; then Hypothesis throws malformed shapes, dtypes, lengths, windows, explicit masks, NaN

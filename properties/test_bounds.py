@@ -1,4 +1,5 @@
-"""Properties of the derived error bound (reference/bounds.py), numerics.md 4.3 in miniature.
+"""Properties of the derived error bound (reference/bounds.py): docs/numerics.md#tightness in
+miniature.
 
 The streaming tier in emulated fp16/bf16 precision must stay inside ``error_bound`` against the
 float64 reference on every input family that stresses one term of the bound; the bound must not
@@ -29,7 +30,8 @@ pytestmark = pytest.mark.cpu
 
 FLOAT64 = StreamingPrecision.float64()
 FAMILIES = ("normal", "peaky", "ramp", "flat", "v_offset", "masked_rows", "tiny_tail")
-# numerics.md 4.3's three chain variants, plus FA4's stale max (rescale only past 2^8 growth).
+# the three chain variants of docs/numerics.md#tightness, plus FA4's stale max (rescale only
+# past 2^8 growth).
 VARIANTS = ("flash", "rounded_p_sum", "fp32_out", "threshold")
 # torch.testing.assert_close defaults (rtol, atol) per output dtype.
 TORCH_TOLERANCE = {"float16": (1e-3, 1e-5), "bfloat16": (1.6e-2, 1e-5)}
@@ -38,7 +40,8 @@ TORCH_TOLERANCE = {"float16": (1e-3, 1e-5), "bfloat16": (1.6e-2, 1e-5)}
 def family_case(
     family: str, dtype: str, *, Sq: int, Sk: int, D: int, Hkv: int, group: int, seed: int
 ) -> AttentionCase:
-    """One input family of numerics.md 4.3, built from ``seed`` with NumPy (values rounded to
+    """One input family of docs/numerics.md#tightness, built from ``seed`` with NumPy (values
+    rounded to
     ``dtype``). Each stresses a term of the bound:
 
     * normal: Q, K ~ N(0, 1.5), V ~ N(0, 1); peaky: Q, K ~ N(0, 6) (large |s|, the u32 c|s| terms);
@@ -156,7 +159,8 @@ def test_emulated_chain_stays_within_bound(run) -> None:
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_bound_is_not_absurdly_loose(dtype: str) -> None:
     """Per family the worst element uses a visible share of the bound, and the chain's error
-    reaches a third of it somewhere (numerics.md 4.3 measured 0.05 to 0.54 with a perturbed
+    reaches a third of it somewhere (docs/numerics.md#tightness: 0.05 to 0.54 measured with a
+    perturbed
     exp2; this emulation's exp2 is exact, so its errors are a little smaller)."""
     worst = {
         family: max(float(bound_ratios(family, dtype, v).max(initial=0)) for v in VARIANTS)

@@ -1,4 +1,4 @@
-"""Metamorphic and analytic properties (DESIGN.md "Properties") on the streaming tier.
+"""Metamorphic and analytic properties (docs/design.md#properties) on the streaming tier.
 
 Each test transforms a case so the exact answer changes in a known way (or not at all). The
 transformed inputs stay exact values of their dtype, so any difference is the tier's rounding:

@@ -1,7 +1,8 @@
-"""Derived per-element forward-error bound of a FlashAttention-style pass (numerics.md 4.2).
+"""Derived per-element forward-error bound of a FlashAttention-style pass
+(docs/numerics.md#error-bound).
 
 A fixed ``atol``/``rtol`` is either too loose or wrong for large scores, a V offset or
-subnormal P (shared/notes/numerics.md 4.3). Instead every output element gets the rigorous
+subnormal P (docs/numerics.md#tightness). Instead every output element gets the rigorous
 bound of its precision chain (a :class:`~reference.precision.StreamingPrecision`), evaluated in
 float64 from the case and a float64 (or exact) reference. Units: ``o`` bounds are absolute, in
 the units of V; ``lse`` bounds are absolute, in natural-log units.
@@ -31,9 +32,10 @@ accumulators, ``u_P``, ``sigma_P`` the unit roundoff and subnormal spacing of P'
 for every visiting order, the default). When row_sum adds the *rounded* P, ``dP_j`` multiplies
 ``|v_jc - o_c|`` instead of ``|v_jc|`` (and counts in ``rel``). A 16-bit (or any narrower) output
 multiplies the bound by ``1 + u_o`` and adds ``u_o |o_c| + sigma_o / 2``. ``eta_j`` is the
-exponential of the summed relative perturbations, which equals numerics.md's linear sum to first
-order and stays rigorous when a perturbation is not small. ``D`` is exact, not a first-order factor:
-the kernel divides by a row sum ``L~ >= l (1 - rel) (1 - g)``, so when ``rel`` (or ``g``) reaches 1
+exponential of the summed relative perturbations, which equals the linear sum of the
+perturbations to first order and stays rigorous when a perturbation is not small. ``D`` is
+exact, not a first-order factor: the kernel divides by a row sum ``L~ >= l (1 - rel) (1 - g)``, so
+when ``rel`` (or ``g``) reaches 1
 the divisor is not bounded away from 0 and the row's bound is inf. An empty row gets bound 0: the
 kernel must return exactly 0. For ``StreamingPrecision.float64()`` every unit roundoff is 2^-53, so
 the bound is about ``Sk 2^-53 sum_j p_j |v_jc| / l``.
@@ -45,10 +47,10 @@ LSE (natural log; a kernel computes ``m scale + ln l`` or ``(m c + log2 l) ln 2`
 
 (``|ln L~ - ln l| <= -ln(1 - r)`` when ``|L~ - l| <= r l``; inf when ``r >= 1``.)
 
-Departures from numerics.md 4.2, all towards rigour: the flush-to-zero term ``f`` weights
+Departures from a first-order derivation, all towards rigour: the flush-to-zero term ``f`` weights
 ``|v - o|`` (it perturbs the row sum too) rather than ``|v|``; ``eta`` is an ``expm1``; the
 threshold ``tau`` and the output's subnormal spacing are included; ``r_j`` may count every visible
-block (``"any"``); numerics.md's first-order factor 1.01 is replaced by the exact ``D`` and
+block (``"any"``); a first-order factor such as 1.01 is replaced by the exact ``D`` and
 ``-ln(1 - r)``, and ``dP_j`` and the P V term use the perturbed ``p_j + w_j``. The chain assumes Q
 K^T is formed from the unscaled inputs (the scale is folded into exp2, as FlashAttention does), not
 from a pre-scaled, re-rounded Q.

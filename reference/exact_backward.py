@@ -123,6 +123,8 @@ def exact_backward(
     See the module docstring for the algorithm and the radius."""
     if not isinstance(case, BackwardCase):
         raise ValueError(f"case must be a BackwardCase, got {type(case).__name__}")
+    if case.forward.softcap is not None or case.forward.sink is not None:
+        raise NotImplementedError("the backward of softcap or sink cases is not modelled yet")
     if isinstance(prec_bits, bool) or not isinstance(prec_bits, int):
         raise ValueError(f"prec_bits={prec_bits!r} must be an int in [64, {_MAX_PREC_BITS}]")
     if not 64 <= prec_bits <= _MAX_PREC_BITS:

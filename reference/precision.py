@@ -29,7 +29,7 @@ def round_to(x: np.ndarray, dtype: str) -> np.ndarray:
     """Round ``x`` to ``dtype`` (round to nearest even) and return it as float64 values.
 
     float64 -> bfloat16 is done on the float64 bits: ml_dtypes goes through float32 and double
-    rounds (shared/notes/numerics.md, 3.1). float32 input converts directly.
+    rounds (docs/numerics.md#rounding). float32 input converts directly.
     """
     if dtype not in _ROUNDING_DTYPES:
         raise ValueError(f"dtype={dtype!r} must be one of {sorted(_ROUNDING_DTYPES)}")

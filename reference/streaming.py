@@ -1,8 +1,9 @@
 """Tier 2: the FlashAttention online softmax in NumPy, with the kernel's precision chain.
 
-The loop body of :func:`_attend_row_block` is the algorithm, one step per line (DESIGN.md,
-"Tier 2"), so a reader can check it against a kernel's ``softmax`` / ``correction`` roles and a
-mutant can break one step at a time. Per query-row block and K/V block (``c = scale_log2``)::
+The loop body of :func:`_attend_row_block` is the algorithm, one step per line
+(docs/design.md#tier-2), so a reader can check it against a kernel's ``softmax`` /
+``correction`` roles and a mutant can break one step at a time. Per query-row block and K/V
+block (``c = scale_log2``)::
 
     S      = Q K^T                                   (masked entries -inf)
     S      = cap tanh(S scale / cap)                 (softcap only; then c = log2(e))
@@ -139,7 +140,7 @@ def _attend_row_block(
 
     Arrays live in ``score_dtype`` (S, P, row_max) or ``accum_dtype`` (O, row_sum); a float32
     matmul of the exact 16-bit or fp32 inputs stands for the MMA (BLAS summation order is not a
-    specification: the derived bound covers any order, shared/notes/numerics.md 3.3).
+    specification: the derived bound covers any order, docs/numerics.md#summation-order).
     """
     score_dtype, accum_dtype = np.dtype(precision.score_dtype), np.dtype(precision.accum_dtype)
     scale_log2 = score_dtype.type(LOG2_E * case.softmax_scale)  # c = fl(log2(e) * softmax_scale)

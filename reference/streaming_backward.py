@@ -94,6 +94,8 @@ def streaming_backward(
         raise ValueError(f"case must be a BackwardCase, got {type(case).__name__}")
     if not isinstance(precision, BackwardPrecision):
         raise ValueError(f"precision must be a BackwardPrecision, got {type(precision).__name__}")
+    if case.forward.softcap is not None or case.forward.sink is not None:
+        raise NotImplementedError("the backward of softcap or sink cases is not modelled yet")
     trace = _NO_TRACE if trace is None else trace
     if not isinstance(trace, BackwardTraceRecorder):
         raise ValueError(f"trace must be a RowSumTrace (or None), got {type(trace).__name__}")

@@ -19,8 +19,8 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-# OpenBLAS' default threading makes small GEMMs ~750x slower on a 2-core VM (numerics.md 3.4);
-# set before numpy is imported by anything below.
+# OpenBLAS' default threading makes small GEMMs ~750x slower on a 2-core VM
+# (docs/numerics.md#small-gemms); set before numpy is imported by anything below.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 from attention_crossval.kernel.isolation import MAX_TIMEOUT_S  # noqa: E402

@@ -1,7 +1,7 @@
 """GPU check of the project's own SM90 kernel (kernel/sm90/fwd.py) on a Hopper GPU.
 
-Usage (from the repository root, CuTe DSL importable, e.g. after ``source
-.devkit/device-setup.sh``)::
+Usage (from the repository root, CuTe DSL importable, e.g. installed from
+wheels as docs/gpu.md describes)::
 
     CUTE_DSL_ARCH=sm_90a python scripts/check_own_sm90.py [--skip pytest] [--part bench]
 

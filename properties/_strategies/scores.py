@@ -1,11 +1,12 @@
 """Score distributions: q, k, v built so that ``q . k`` has a pattern a kernel can get wrong.
 
 Each distribution is one :class:`ScoreDistribution` in :data:`DISTRIBUTIONS`: a builder that
-makes float64 q, k, v from a NumPy generator (never element by element: shared/notes/numerics.md
-section 5), the bug class it targets, and a *claim* checked on the finished case (and, for the
-ones about rescaling, on the streaming tier's :class:`~reference.streaming.RescaleTrace`), so a
-distribution proves it produced what it says. Patterns go in coordinate 0 of q and k with
-``q0 = 1`` and ``k0 = logit / softmax_scale``; other coordinates carry optional noise.
+makes float64 q, k, v from a NumPy generator (never element by element:
+docs/numerics.md#drawing-inputs), the bug class it targets, and a *claim* checked on the finished
+case (and, for the ones about rescaling, on the streaming tier's
+:class:`~reference.streaming.RescaleTrace`), so a distribution proves it produced what it
+says. Patterns go in coordinate 0 of q and k with ``q0 = 1`` and ``k0 = logit / softmax_scale``;
+other coordinates carry optional noise.
 """
 
 from __future__ import annotations
@@ -437,18 +438,28 @@ def _subnormal_p_claim(case: AttentionCase, block_n: int) -> Evidence:
 
 def _mask_bait(ctx: BuildContext) -> Arrays:
     # Keys a leaking mask would let in get the largest logits: a ramp towards the restricted
-    # side (right for causal / right windows / padding, left for left-only windows) plus a huge
-    # logit on keys no row may see (padding, fully masked explicit columns).
+    # side (right for causal / right windows / padding, left for left-only windows; the other
+    # way when that leaves no row with a masked key above its visible ones, as a narrow window
+    # on both sides can) plus a huge logit on keys no row may see (padding, masked columns).
     s, rng = ctx.shape, ctx.rng
     mask = ctx.mask
-    toward_right = mask.causal or mask.window_right is not None or mask.window_left is None
-    ramp = rng.uniform(20.0, 60.0) * np.arange(s.Sk) / max(s.Sk - 1, 1)
-    logits = np.broadcast_to(ramp if toward_right else ramp[::-1], (s.B, s.Sk)).copy()
     zeros = [np.zeros((s.B, n, h, 1), np.float32) for n, h in ((s.Sq, s.Hq), (s.Sk, s.Hkv))]
-    probe = AttentionCase(zeros[0], zeros[1], zeros[1], mask=mask)
-    never_seen = ~visible_all(probe).any(axis=(1, 2))  # [B, Sk]
-    logits[never_seen] += rng.uniform(40.0, 80.0)
+    seen = visible_all(AttentionCase(zeros[0], zeros[1], zeros[1], mask=mask))  # [B,Hq,Sq,Sk]
+    ramp = rng.uniform(20.0, 60.0) * np.arange(s.Sk) / max(s.Sk - 1, 1)
+    toward_right = mask.causal or mask.window_right is not None or mask.window_left is None
+    candidates = (ramp, ramp[::-1]) if toward_right else (ramp[::-1], ramp)
+    chosen = next((r for r in candidates if _outranks(r, seen)), candidates[0])
+    logits = np.broadcast_to(chosen, (s.B, s.Sk)).copy()
+    logits[~seen.any(axis=(1, 2))] += rng.uniform(40.0, 80.0)
     return _pattern(ctx, _per_key(ctx, logits))
+
+
+def _outranks(per_key: np.ndarray, seen: np.ndarray) -> bool:
+    """Some row sees a key and has a masked key with a larger ``per_key`` logit."""
+    logits = np.broadcast_to(per_key, seen.shape)
+    hidden = np.where(~seen, logits, -np.inf).max(axis=-1)
+    shown = np.where(seen, logits, -np.inf).max(axis=-1)
+    return bool(((hidden > shown) & (shown > -np.inf)).any())
 
 
 def _mask_bait_claim(case: AttentionCase, block_n: int) -> Evidence:
