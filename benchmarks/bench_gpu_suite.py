@@ -1,11 +1,15 @@
 """How many generated cases per minute the defensive suite checks, per built-in GPU adapter.
 
 Each (kernel, shard) runs in its own process with its own isolated kernel worker, drawing cases
-with ``attention_cases(spec=...)`` and checking every one with ``run_case`` (defensive checks
-plus the bound against float64 on all rows and exact on sampled rows). Prints one table naming
-the GPU; ``--json`` writes every verdict's findings.
+and checking every one: ``--pass forward`` (default) draws ``attention_cases(spec=...)`` for
+``run_case`` (defensive checks plus the bound against float64 on all rows and exact on sampled
+rows); ``--pass backward`` draws ``backward_cases(spec=...)`` for ``run_backward_case``
+(poisoned padding, prefill and guards where the adapter allows, determinism, dq/dk/dv against
+float64 on every element and exact on sampled rows and keys) and adds the run-to-run column.
+Prints one table naming the GPU; ``--json`` writes every verdict's findings.
 
     python benchmarks/bench_gpu_suite.py --minutes 8 --shards 3 --json out.json
+    python benchmarks/bench_gpu_suite.py --pass backward --minutes 3 --shards 2
 """
 
 from __future__ import annotations
@@ -24,20 +28,22 @@ class _TimeUp(Exception):
     """Ends Hypothesis' generation once the shard's time is spent."""
 
 
-def _shard(kernel: str, shard: int, seconds: float, max_len: int, finding_dir: str | None) -> dict:
+def _shard(
+    kernel: str, shard: int, seconds: float, max_len: int, finding_dir: str | None, backward: bool
+) -> dict:
     from hypothesis import HealthCheck, Phase, given, seed, settings
 
     from attention_crossval.kernel.harness import IsolatedKernel, run_case
-    from attention_crossval.kernel.registry import resolve
-    from attention_crossval.properties.strategies import attention_cases
+    from attention_crossval.kernel.harness_backward import run_backward_case
+    from attention_crossval.properties.strategies import attention_cases, backward_cases
 
-    adapter = resolve(kernel)
     worker = IsolatedKernel(kernel, timeout_s=120.0)
     deadline = time.monotonic() + seconds
     verdicts: list[dict] = []
-    strategy = attention_cases(spec=adapter.spec, max_len=min(max_len, 4 * adapter.spec.tile_n + 1))
+    cases, run = (backward_cases, run_backward_case) if backward else (attention_cases, run_case)
+    strategy = cases(spec=worker.spec, max_len=min(max_len, 4 * worker.spec.tile_n + 1))
 
-    @seed(1000 + shard)
+    @seed((2000 if backward else 1000) + shard)
     @settings(
         max_examples=100_000,
         deadline=None,
@@ -49,13 +55,15 @@ def _shard(kernel: str, shard: int, seconds: float, max_len: int, finding_dir: s
     def loop(case):
         if time.monotonic() > deadline:
             raise _TimeUp
-        verdict = run_case(adapter, case, isolated=worker, finding_dir=finding_dir)
+        verdict = run(worker, case, finding_dir=finding_dir)
+        run_to_run = getattr(verdict, "run_to_run", None)  # the backward's run-to-run summary
         verdicts.append(
             {
                 "case": verdict.case,
                 "skipped": verdict.skipped,
                 "findings": [[f.check, f.message[:2000], f.case_path] for f in verdict.findings],
                 "declared": list(verdict.declared),
+                "differing": None if run_to_run is None else run_to_run.differing,
                 "seconds": verdict.seconds,
             }
         )
@@ -80,6 +88,7 @@ def main() -> None:
     parser.add_argument(
         "--kernel", action="append", default=[], help="name or dotted path; repeatable"
     )
+    parser.add_argument("--pass", dest="passes", choices=("forward", "backward"), default="forward")
     parser.add_argument("--minutes", type=float, default=8.0, help="wall time per shard")
     parser.add_argument("--shards", type=int, default=2, help="processes per kernel")
     parser.add_argument("--max-len", type=int, default=1 << 10)
@@ -89,21 +98,22 @@ def main() -> None:
 
     from attention_crossval.kernel.registry import default_kernels
 
-    kernels = args.kernel or default_kernels(has_gpu=True)
+    backward = args.passes == "backward"
+    kernels = args.kernel or default_kernels(has_gpu=True, backward=backward)
     gpu = _gpu_name()
     jobs = [(k, s) for k in kernels for s in range(args.shards)]
     with ProcessPoolExecutor(
         max_workers=len(jobs), mp_context=__import__("multiprocessing").get_context("spawn")
     ) as pool:
         futures = [
-            pool.submit(_shard, k, s, args.minutes * 60, args.max_len, args.finding_dir)
+            pool.submit(_shard, k, s, args.minutes * 60, args.max_len, args.finding_dir, backward)
             for k, s in jobs
         ]
         results = [f.result() for f in futures]
     if args.json:
         with open(args.json, "w") as handle:
             json.dump({"gpu": gpu, "results": results}, handle, indent=1)
-    _table(gpu, kernels, results, args.minutes)
+    _table(gpu, kernels, results, args.minutes, backward)
 
 
 def _gpu_name() -> str:
@@ -114,13 +124,17 @@ def _gpu_name() -> str:
     return torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
 
 
-def _table(gpu: str, kernels: list[str], results: list[dict], minutes: float) -> None:
-    print(
-        f"\nGPU: {gpu}; {minutes:g} min per shard; "
-        "checks: defensive + bound (float64 all rows, exact on sampled rows)"
+def _table(
+    gpu: str, kernels: list[str], results: list[dict], minutes: float, backward: bool
+) -> None:
+    checks = (
+        "backward: defensive + dq/dk/dv bound (float64 every element, exact on sampled rows, keys)"
+        if backward
+        else "defensive + bound (float64 all rows, exact on sampled rows)"
     )
-    print(f"{'kernel':<24} {'checked':>8} {'passed':>7} {'skipped':>8} {'cases/min':>10}", end="")
-    print("  failed checks")
+    print(f"\nGPU: {gpu}; {minutes:g} min per shard; checks: {checks}")
+    header = f"{'kernel':<32} {'checked':>8} {'passed':>7} {'skipped':>8} {'cases/min':>10}"
+    print(header + (f" {'run-to-run differs':>19}" if backward else "") + "  failed checks")
     total, wall = 0, max((r["elapsed"] for r in results), default=1.0)
     for kernel in kernels:
         verdicts = [v for r in results if r["kernel"] == kernel for v in r["verdicts"]]
@@ -131,7 +145,9 @@ def _table(gpu: str, kernels: list[str], results: list[dict], minutes: float) ->
         total += len(checked)
         fails = ", ".join(f"{k}={n}" for k, n in sorted(failed.items())) or "-"
         skipped, rate = len(verdicts) - len(checked), 60 * len(checked) / elapsed
-        print(f"{kernel:<24} {len(checked):>8} {passed:>7} {skipped:>8} {rate:>10.1f}  {fails}")
+        row = f"{kernel:<32} {len(checked):>8} {passed:>7} {skipped:>8} {rate:>10.1f}"
+        differs = sum(1 for v in checked if v["differing"])
+        print(row + (f" {differs:>19}" if backward else "") + f"  {fails}")
     for kernel in kernels:
         seen = set()
         for r in results:
@@ -140,7 +156,7 @@ def _table(gpu: str, kernels: list[str], results: list[dict], minutes: float) ->
                     if check not in seen:
                         seen.add(check)
                         print(f"  {kernel} {check}: {v['case']}\n    {message[:400]}")
-    print(f"{'all':<24} {total:>8} {'':>7} {'':>8} {60 * total / wall:>10.1f}  (wall {wall:.0f} s)")
+    print(f"{'all':<32} {total:>8} {'':>7} {'':>8} {60 * total / wall:>10.1f}  (wall {wall:.0f} s)")
 
 
 if __name__ == "__main__":
