@@ -71,11 +71,7 @@ class CaseReferences:
     _memo: dict = field(default_factory=dict, repr=False)
 
     def _timed(self, key: Any, label: str, compute: Callable[[], Any]) -> Any:
-        if key not in self._memo:
-            start = time.perf_counter()
-            self._memo[key] = compute()
-            self.timings[label] = self.timings.get(label, 0.0) + time.perf_counter() - start
-        return self._memo[key]
+        return timed_memo(self._memo, self.timings, key, label, compute)
 
     def sampled_rows(self) -> np.ndarray | None:
         """Bool ``[B, Hq, Sq]`` of the exact tier's rows (None without an exact tier)."""
@@ -278,3 +274,14 @@ def _triage(
         else "emulation fails too -> precision chain or bound"
     )
     return "\n  ".join([*lines, f"triage: {verdict}"])
+
+
+def timed_memo(
+    memo: dict, timings: dict[str, float], key: Any, label: str, compute: Callable[[], Any]
+) -> Any:
+    """``compute()`` once per ``key`` (memoized), its seconds added to ``timings[label]``."""
+    if key not in memo:
+        start = time.perf_counter()
+        memo[key] = compute()
+        timings[label] = timings.get(label, 0.0) + time.perf_counter() - start
+    return memo[key]

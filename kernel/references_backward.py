@@ -17,14 +17,13 @@ and once, so the backward harness (:mod:`kernel.harness_backward`) and the repor
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from attention_crossval.kernel.references import TORCH_WORK, work
+from attention_crossval.kernel.references import TORCH_WORK, timed_memo, work
 from attention_crossval.kernel.spec import KernelSpec
 from attention_crossval.reference.case import AttentionResult
 from attention_crossval.reference.compare import ErrorReport, compare
@@ -66,11 +65,7 @@ class BackwardReferences:
     _memo: dict = field(default_factory=dict, repr=False)
 
     def _timed(self, key: Any, label: str, compute: Callable[[], Any]) -> Any:
-        if key not in self._memo:
-            start = time.perf_counter()
-            self._memo[key] = compute()
-            self.timings[label] = self.timings.get(label, 0.0) + time.perf_counter() - start
-        return self._memo[key]
+        return timed_memo(self._memo, self.timings, key, label, compute)
 
     def float64(self) -> Gradients:
         """dq, dk, dv in float64 on every element."""

@@ -296,10 +296,17 @@ def hunt(
 
     for case in reversed(examples):  # decorators apply bottom-up: keep the given order
         agreement = example(case)(agreement)
+    return run_hunt(agreement, state, start)
+
+
+def run_hunt(test: Callable[[], None], state: dict, start: float) -> HuntResult:
+    """Run a hunt's Hypothesis ``test``; ``state`` holds what its body recorded (``examples``,
+    ``first`` = (seconds, label) of the first failure, ``last`` label). Only an assertion
+    (:func:`is_a_catch`) is a catch; a crash, a health check or flakiness propagates."""
     try:
-        agreement()
+        test()
     except Exception as exc:
-        if not is_a_catch(exc):  # a crash, a health check, flakiness: not a caught bug
+        if not is_a_catch(exc):
             raise
         seconds, label = state["first"] or (None, None)
         message = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"

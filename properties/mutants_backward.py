@@ -24,7 +24,7 @@ from attention_crossval.properties.backward_properties import (
     BackwardProperty,
     gqa_case,
 )
-from attention_crossval.properties.mutants import HuntResult, Mutation, is_a_catch, mutated_module
+from attention_crossval.properties.mutants import HuntResult, Mutation, mutated_module, run_hunt
 
 MODULE = "attention_crossval.reference.streaming_backward"
 
@@ -152,18 +152,7 @@ def hunt_backward(
     test = given(prop.strategy)(check)
     if explicit is not None:
         test = example(explicit)(test)
-    try:
-        hypothesis_settings(test)()
-    except Exception as exc:
-        if not is_a_catch(exc):
-            raise
-        seconds, label = state["first"] or (None, None)
-        message = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-        return HuntResult(
-            True, state["examples"], seconds, label, state["last"],
-            time.perf_counter() - start, message,
-        )  # fmt: skip
-    return HuntResult(False, state["examples"], None, None, None, time.perf_counter() - start)
+    return run_hunt(hypothesis_settings(test), state, start)
 
 
 __all__ = [
