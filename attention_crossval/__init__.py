@@ -22,20 +22,32 @@ if (_CHECKOUT / "pyproject.toml").is_file() and (_CHECKOUT / "reference" / "case
 
 from attention_crossval.kernel.isolation import Declined  # noqa: E402
 from attention_crossval.kernel.known_findings import KnownFinding  # noqa: E402
-from attention_crossval.kernel.spec import KernelAdapter, KernelSpec  # noqa: E402
+from attention_crossval.kernel.spec import (  # noqa: E402
+    BackwardKernelAdapter,
+    KernelAdapter,
+    KernelSpec,
+)
 from attention_crossval.reference.case import (  # noqa: E402
     AttentionCase,
     AttentionResult,
     CausalAlignment,
     Mask,
 )
-from attention_crossval.reference.precision import StreamingPrecision  # noqa: E402
+from attention_crossval.reference.gradients import BackwardCase, Gradients  # noqa: E402
+from attention_crossval.reference.precision import (  # noqa: E402
+    BackwardPrecision,
+    StreamingPrecision,
+)
 
 __all__ = [
     "AttentionCase",
     "AttentionResult",
+    "BackwardCase",
+    "BackwardKernelAdapter",
+    "BackwardPrecision",
     "CausalAlignment",
     "Declined",
+    "Gradients",
     "KernelAdapter",
     "KernelSpec",
     "KnownFinding",
