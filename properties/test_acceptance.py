@@ -72,3 +72,16 @@ def test_unknown_marker_is_an_error(project: pytest.Pytester) -> None:
     project.makepyfile(test_typo="import pytest\n\n@pytest.mark.gpux\ndef test_x():\n    pass\n")
     result = project.runpytest_subprocess()
     assert result.ret == pytest.ExitCode.INTERRUPTED  # --strict-markers: collection error
+
+
+def test_public_surface_has_what_an_adapter_author_needs() -> None:
+    """Everything the adapter contract names is importable from ``attention_crossval`` itself."""
+    import attention_crossval
+
+    needed = {
+        "KernelSpec", "KernelAdapter", "AttentionCase", "AttentionResult", "Mask",
+        "CausalAlignment", "StreamingPrecision", "Declined", "KnownFinding",
+        "BackwardCase", "Gradients", "BackwardPrecision", "BackwardKernelAdapter",
+    }  # fmt: skip
+    assert needed <= set(attention_crossval.__all__)
+    assert all(getattr(attention_crossval, name) is not None for name in needed)
