@@ -279,3 +279,11 @@ def test_log_constants_are_defined_once_in_precision() -> None:
         assert getattr(reference_streaming, name) is shared, name
         assert getattr(reference_bounds, name) is shared, name
     assert reference_precision.LOG2_E * reference_precision.LN_2 == pytest.approx(1.0, rel=1e-15)
+
+
+def test_round_to_overflows_to_inf_without_a_warning() -> None:
+    """fp16 outputs beyond 65504 are inf, as the kernel's would be; under ``filterwarnings =
+    error`` the cast's overflow warning failed the backward bound property on V = +-1e4."""
+    x = np.array([8e4, -8e4, 1.0], dtype=np.float32)
+    assert list(round_to(x, "float16")) == [np.inf, -np.inf, 1.0]
+    assert list(round_to(x.astype(np.float64), "bfloat16")) == [79872.0, -79872.0, 1.0]

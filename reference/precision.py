@@ -29,14 +29,17 @@ def round_to(x: np.ndarray, dtype: str) -> np.ndarray:
     """Round ``x`` to ``dtype`` (round to nearest even) and return it as float64 values.
 
     float64 -> bfloat16 is done on the float64 bits: ml_dtypes goes through float32 and double
-    rounds (docs/numerics.md#rounding). float32 input converts directly.
+    rounds (docs/numerics.md#rounding). float32 input converts directly. Values beyond the
+    dtype's range become +-inf, silently: a kernel's output overflows the same way (regression:
+    properties/test_streaming.py::test_round_to_overflows_to_inf_without_a_warning).
     """
     if dtype not in _ROUNDING_DTYPES:
         raise ValueError(f"dtype={dtype!r} must be one of {sorted(_ROUNDING_DTYPES)}")
     x = np.asarray(x)
     if dtype == "bfloat16" and x.dtype == np.float64:
         return _round_float64_to_bfloat16(x)
-    return x.astype(_ROUNDING_DTYPES[dtype]).astype(np.float64)
+    with np.errstate(over="ignore"):  # beyond the dtype's range is +-inf, as IEEE rounding gives
+        return x.astype(_ROUNDING_DTYPES[dtype]).astype(np.float64)
 
 
 def _round_float64_to_bfloat16(x: np.ndarray) -> np.ndarray:
