@@ -169,7 +169,7 @@ def test_directional_derivative_matches_the_exact_forward(seed: int, what: str, 
 
 
 @given(backward_cases(max_len=10, max_heads=4), st.integers(1, 12), st.integers(0))
-def test_sampled_rows_and_keys_are_exactly_the_evaluated_elements(
+def test_sampled_rows_and_keys_are_the_evaluated_elements(
     case: BackwardCase, n: int, seed: int
 ) -> None:
     rows, keys = sample_rows(case.forward, n, seed), sample_keys(case, n, seed)
@@ -178,10 +178,13 @@ def test_sampled_rows_and_keys_are_exactly_the_evaluated_elements(
     assert np.array_equal(np.isfinite(result.dk).all(axis=-1), keys.transpose(0, 2, 1))
     assert np.array_equal(np.isfinite(result.dv).all(axis=-1), keys.transpose(0, 2, 1))
     full = exact_backward(case)
-    for name in GRADS:
+    for name in GRADS:  # both are certified: they agree within the sum of their radii
         part = getattr(result, name)
         evaluated = np.isfinite(part)
-        assert np.array_equal(part[evaluated], getattr(full, name)[evaluated]), name
+        hi = part[evaluated] - getattr(full, name)[evaluated]
+        lo = getattr(result, name + "_lo")[evaluated] - getattr(full, name + "_lo")[evaluated]
+        radii = getattr(result, name + "_err_bound") + getattr(full, name + "_err_bound")
+        assert np.all(np.abs(hi + lo) <= radii[evaluated]), name
 
 
 @given(backward_cases(max_len=10, max_heads=4, mask_kinds=("causal", "window", "varlen")))
