@@ -262,3 +262,21 @@ def test_html_renders_its_plots_in_headless_chromium(tiny_report, tmp_path):
     result = check(tiny_report / "report.html", binary, tmp_path / "shot.png")
     assert result["total"] >= 3 and result["loaded"] == result["total"], result
     assert result["screenshot"] and (tmp_path / "shot.png").stat().st_size > 10_000
+
+
+def test_html_page_skips_records_without_plot_data(tiny_report) -> None:
+    """The schema leaves ``histogram`` and ``row_profile`` optional: an ok record without them
+    (a backward-only record, or an edited report fed to merge) is left out of the plots (a
+    KeyError in plots.histograms before; found by test_diff_merge_resume_on_mutated_reports)."""
+    from attention_crossval.report.html import render_html
+
+    report = json.loads((tiny_report / "report.json").read_text())
+    validate(report)
+    stripped = copy.deepcopy(report)
+    stripped["records"][0].pop("histogram")
+    validate(stripped)
+    page = render_html(stripped)
+    assert "<img" in page  # the other record is still plotted
+    for record in stripped["records"]:
+        record.pop("histogram", None)
+    assert "nothing to plot" in render_html(stripped)

@@ -46,7 +46,7 @@ def _figure(title: str, png: bytes, caption: str) -> str:
 
 def figures(records: list[dict]) -> list[str]:
     """The page's figure sections, in reading order."""
-    if not any(r["status"] == "ok" and "primary_pair" in r for r in records):  # no forward
+    if not plots.plottable(records):  # no forward output (or only backward records)
         return ["<p>No kernel produced output: nothing to plot.</p>"]
     sections = [
         _figure(

@@ -29,8 +29,11 @@ def _png(figure) -> bytes:
     return buffer.getvalue()
 
 
-def _ok(records: list[dict]) -> list[dict]:
-    return [r for r in records if r["status"] == "ok"]
+def plottable(records: list[dict]) -> list[dict]:
+    """The ok records with the forward plot data (``histogram``, ``row_profile``, the primary
+    pair); the schema leaves those optional, e.g. for a backward-only record."""
+    keys = ("histogram", "row_profile", "primary_pair")
+    return [r for r in records if r["status"] == "ok" and all(k in r for k in keys)]
 
 
 def _fraction(record: dict) -> float:
@@ -47,7 +50,7 @@ def histograms(records: list[dict]) -> bytes:
     each (left, share of the config's elements per bin), and step plots of the worst
     ``WORST_PANELS`` configs (right), one line per kernel. One axes per config would cost
     matplotlib ~0.3 s each, too slow for a one-minute report."""
-    records = _ok(records)
+    records = plottable(records)
     records = sorted(records, key=lambda r: -_fraction(r))
     edges = np.array(records[0]["histogram"]["edges_log10"])
     shares = np.array([_shares(r) for r in records])
@@ -93,7 +96,7 @@ def _shares(record: dict) -> np.ndarray:
 
 def error_vs_sk_and_distribution(records: list[dict]) -> bytes:
     """Max error/bound of each config against Sk (left) and per score distribution (right)."""
-    records = _ok(records)
+    records = plottable(records)
     figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4))
     distributions = sorted({r["config"]["distribution"] for r in records})
     for offset, kernel in enumerate(_kernels(records)):
@@ -124,7 +127,7 @@ def error_vs_sk_and_distribution(records: list[dict]) -> bytes:
 def row_heatmap(records: list[dict]) -> bytes:
     """Error/bound over query rows: one line per (config, kernel), rows binned to relative
     position in the sequence (max over batches and heads), log10 colour scale."""
-    records = _ok(records)
+    records = plottable(records)
     image = np.full((len(records), PROFILE_COLUMNS), np.nan)
     for index, record in enumerate(records):
         values = np.array([[as_float(v) for v in line] for line in record["row_profile"]["values"]])
@@ -152,7 +155,7 @@ def row_heatmap(records: list[dict]) -> bytes:
 def kernel_comparison(records: list[dict]) -> bytes | None:
     """Each kernel's max error/bound against the first kernel's, config by config (None when
     fewer than two kernels ran on a common config)."""
-    records = _ok(records)
+    records = plottable(records)
     kernels = _kernels(records)
     if len(kernels) < 2:
         return None
