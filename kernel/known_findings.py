@@ -27,6 +27,9 @@ if TYPE_CHECKING:
 # The check whose trigger the harness plants itself (NaN in padding): a known one says nothing
 # about the other checks, so they are run again with zero padding (:func:`run_with_known`).
 _PLANTED = "padding-read"
+# Backward checks whose known failure breaks the bounds as well: the case is run again without
+# their trigger (:func:`run_backward_with_known`).
+_RERUNNABLE = frozenset({_PLANTED, "zero-grad"})
 
 
 @dataclass(frozen=True)
@@ -130,24 +133,43 @@ def run_with_known(adapter: KernelAdapter, case: AttentionCase, **kwargs: Any) -
 
 def run_backward_with_known(adapter: Any, case: BackwardCase, **kwargs: Any) -> Any:
     """``kernel.harness_backward.run_backward_case``, with :func:`run_with_known`'s rerun: when
-    every finding is a known backward one and one is ``padding-read``, the case runs again
-    with zero padding and without that check, so the bounds and zero gradients still apply."""
+    a known backward ``padding-read`` or ``zero-grad`` finding shows, the case runs again
+    without its trigger and check, so the bounds (which such a finding also breaks) still
+    apply to the rest: zero padding for ``padding-read``; for ``zero-grad``, dO = 0 on the rows
+    that see no key (a kernel's garbage P on such a row then meets a zero upstream gradient, so
+    it cannot reach dk/dv, while its dq there is still held to 0 by the bound). The verdict
+    holds the known findings of the first run and every finding of the rerun."""
     from attention_crossval.kernel.harness_backward import (
         fill_backward_padding,
         run_backward_case,
     )
 
     verdict = run_backward_case(adapter, case, **kwargs)
-    known = covering(adapter.spec, case.forward, verdict.findings, backward=True)
-    if not any(k.check == _PLANTED for k in known):
+    failed = {finding.check for finding in verdict.findings}
+    rerun = failed & _known_checks(adapter.spec, case.forward, backward=True) & _RERUNNABLE
+    if not rerun:
         return verdict
-    again = run_backward_case(
-        adapter, fill_backward_padding(case, 0.0), skip_checks=frozenset({_PLANTED}), **kwargs
-    )
-    planted = tuple(f for f in verdict.findings if f.check == _PLANTED)
-    return replace(
-        again, findings=planted + again.findings, seconds=verdict.seconds + again.seconds
-    )
+    again_case = fill_backward_padding(case, 0.0) if _PLANTED in rerun else case
+    if "zero-grad" in rerun:
+        again_case = _without_empty_row_gradient(again_case)
+    again = run_backward_case(adapter, again_case, skip_checks=frozenset(rerun), **kwargs)
+    first = tuple(f for f in verdict.findings if f.check in rerun)
+    return replace(again, findings=first + again.findings, seconds=verdict.seconds + again.seconds)
+
+
+def _known_checks(spec: KernelSpec, case: AttentionCase, *, backward: bool) -> set[str]:
+    return {k.check for k in spec.known_findings if k.backward == backward and k.applies(case)}
+
+
+def _without_empty_row_gradient(case: BackwardCase) -> BackwardCase:
+    """``case`` with dO (and the LSE gradient) zeroed on every query row that sees no key."""
+    from attention_crossval.reference.gradients import BackwardCase
+    from attention_crossval.reference.masks import empty_rows
+
+    empty = empty_rows(case.forward)  # [B, Hq, Sq]
+    do = np.where(empty.transpose(0, 2, 1)[..., None], 0, case.do).astype(case.do.dtype)
+    dlse = None if case.dlse is None else np.where(empty, 0, case.dlse).astype(case.dlse.dtype)
+    return BackwardCase(case.forward, do, dlse, case.label)
 
 
 def xfail_if_known(
@@ -172,18 +194,21 @@ def xfail_if_known(
 
 
 def backward_trigger_case(spec: KernelSpec, known: KnownFinding) -> BackwardCase:
-    """:func:`trigger_case` with a gaussian upstream gradient, for a backward finding."""
+    """:func:`trigger_case` with a gaussian upstream gradient, for a backward finding; for
+    ``nonfinite`` with hidden rows, dO is 0 on those rows (as a loss mask makes it)."""
     from attention_crossval.reference.gradients import BackwardCase
 
     forward = trigger_case(spec, known)
     do = np.random.default_rng(1).standard_normal((forward.B, forward.Sq, forward.Hq, forward.Dv))
-    return BackwardCase(forward, do.astype(forward.q.dtype), label=forward.label)
+    case = BackwardCase(forward, do.astype(forward.q.dtype), label=forward.label)
+    return _without_empty_row_gradient(case) if known.check == "nonfinite" else case
 
 
 def trigger_case(spec: KernelSpec, known: KnownFinding) -> AttentionCase:
     """A small deterministic case inside ``spec`` on which ``known`` shows, for the strict-xfail
     test: ``padding-read``: two batches of ``2 * tile_n`` keys, valid lengths ending mid-tile
-    (the harness plants NaN past them); ``empty-rows``: an explicit mask hiding whole rows.
+    (the harness plants NaN past them); ``empty-rows``, ``zero-grad``, ``nonfinite``: an
+    explicit mask hiding whole rows.
     ValueError for another check or mask kind (write its trigger here)."""
     rng = np.random.default_rng(0)
     dtype = next(d for d in ("bfloat16", "float16", "float32") if d in spec.dtypes)
@@ -191,7 +216,7 @@ def trigger_case(spec: KernelSpec, known: KnownFinding) -> AttentionCase:
     Sk = 2 * spec.tile_n
     if known.check == "padding-read" and "varlen" in known.mask_kinds:
         B, Sq, mask = 2, spec.tile_m, Mask(k_lengths=(Sk - spec.tile_n // 2, spec.tile_n // 2))
-    elif known.check in ("empty-rows", "zero-grad") and "explicit" in known.mask_kinds:
+    elif known.check in ("empty-rows", "zero-grad", "nonfinite") and "explicit" in known.mask_kinds:
         B, Sq = 1, spec.tile_m
         explicit = rng.random((1, 1, Sq, Sk)) < 0.5
         explicit[..., : Sq // 4, :] = False  # the first quarter of the rows sees no key

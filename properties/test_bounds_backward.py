@@ -32,19 +32,21 @@ from attention_crossval.reference.streaming_backward import streaming_backward
 pytestmark = pytest.mark.cpu
 
 GRADS = ("dq", "dk", "dv")
-CHAINS = ("flash", "permuted", "float64", "p_bf16_only", "ds_fp16_stale_max")
+CHAINS = ("flash", "permuted", "float64", "p_bf16_only", "ds_from_rounded_p", "ds_fp16_stale_max")
 
 
 def chain(dtype: str, name: str) -> BackwardPrecision:
     """A declared chain by name: FlashAttention's (deterministic or atomic dQ adds), float64,
-    P alone rounded (to bf16) with fp32 outputs, dS alone rounded (to fp16) after FA4's
-    stale-max forward."""
+    P alone rounded (to bf16) with fp32 outputs, FlashAttention's with dS formed from the
+    rounded P (sdpa's efficient backend), dS alone rounded (to fp16) after FA4's stale-max
+    forward."""
     flash = BackwardPrecision.flash_attention(dtype)
     return {
         "flash": flash,
         "permuted": BackwardPrecision.flash_attention(dtype, deterministic=False),
         "float64": BackwardPrecision.float64(),
         "p_bf16_only": BackwardPrecision(forward=flash.forward, p_dtype="bfloat16"),
+        "ds_from_rounded_p": dataclasses.replace(flash, ds_from_rounded_p=True),
         "ds_fp16_stale_max": BackwardPrecision(
             forward=StreamingPrecision.flash_attention(dtype, rescale_threshold_log2=8.0),
             ds_dtype="float16",
@@ -180,6 +182,25 @@ def test_bound_catches_a_chain_other_than_the_declared_one(declared, actual) -> 
     bounds = backward_error_bound(case, chain(declared, "flash"), exact.as_gradients())
     fractions = bound_fractions(got, exact, bounds)
     assert max(float(f.max()) for f in fractions.values()) > 1
+
+
+def test_ds_from_rounded_p_is_outside_flash_attentions_bound() -> None:
+    """dS formed from the 16-bit P adds P's rounding to dS: where 32 identical query rows make
+    those errors add up in one dK element, FlashAttention's bound is exceeded (6.5x) and the
+    knob's own bound holds, so the knob is needed (the efficient SDPA backend does this)."""
+    rng = np.random.default_rng(16)
+    q = np.repeat(rng.standard_normal((1, 1, 1, 16)) * 2, 32, axis=1).astype(np.float16)
+    k = (rng.standard_normal((1, 8, 1, 16)) * 2).astype(np.float16)
+    v = rng.standard_normal((1, 8, 1, 16)).astype(np.float16)
+    do = np.repeat(rng.standard_normal((1, 1, 1, 16)), 32, axis=1).astype(np.float16)
+    case = BackwardCase(AttentionCase(q, k, v), do)
+    flash = chain("float16", "flash")
+    rounded_p = chain("float16", "ds_from_rounded_p")
+    got = streaming_backward(case, rounded_p, block_m=16, block_n=16)
+    exact = exact_backward(case)
+    for declared, outside in ((flash, True), (rounded_p, False)):
+        bounds = backward_error_bound(case, declared, exact.as_gradients())
+        assert (bound_fractions(got, exact, bounds)["dk"].max() > 1) == outside
 
 
 @given(backward_cases(max_len=12, max_heads=4, mask_kinds=("causal", "window", "varlen")))

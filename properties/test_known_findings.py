@@ -13,9 +13,12 @@ import numpy as np
 import pytest
 
 from attention_crossval.kernel.harness import CheckFailed, run_case
+from attention_crossval.kernel.harness_backward import run_backward_case
 from attention_crossval.kernel.known_findings import (
     KnownFinding,
+    backward_trigger_case,
     covering,
+    run_backward_with_known,
     run_with_known,
     trigger_case,
     xfail_if_known,
@@ -45,6 +48,7 @@ DECLARED = {
         ("empty-rows", {"explicit", "window", "varlen"}),
         _NAN,
         ("backward zero-grad", {"explicit", "window", "varlen"}),
+        ("backward nonfinite", {"explicit", "window", "varlen"}),
         _NAN_BACKWARD,
     ],
     "flash-attn-cute": [_NAN, _NAN_BACKWARD],
@@ -154,6 +158,30 @@ def test_known_padding_read_still_gets_every_other_check() -> None:
     xfail_if_known(verdict, wrong.spec, case)  # returns: not every failure is known
     with pytest.raises(CheckFailed, match="^bound:"):
         verdict.raise_for("bound")
+
+
+def test_known_zero_grad_reruns_without_the_hidden_rows_gradient() -> None:
+    """A kernel that differentiates uniform attention on hidden rows (as sdpa-cudnn does) also
+    breaks dq/dk/dv bounds on every key, so the known ``zero-grad`` alone could never cover the
+    case; the rerun with dO = 0 on those rows leaves only the known finding, and a dv bug
+    hiding behind it is still caught by ``dv-bound``."""
+    adapter = resolve(f"{CPU_KNOWN}:hidden_rows")
+    known = adapter.spec.known_findings[1]
+    case = backward_trigger_case(adapter.spec, known)
+    blocked = run_backward_case(adapter, case)
+    assert {"zero-grad", "dk-bound", "dv-bound"} <= {f.check for f in blocked.findings}
+    assert not covering(adapter.spec, case.forward, blocked.findings, backward=True)
+    verdict = run_backward_with_known(adapter, case)
+    assert [f.check for f in verdict.findings] == ["zero-grad"]
+    with pytest.raises(pytest.xfail.Exception, match="^known backward zero-grad"):
+        xfail_if_known(verdict, adapter.spec, case.forward, backward=True)
+
+    wrong = resolve(f"{CPU_KNOWN}:hidden_rows_and_wrong")
+    verdict = run_backward_with_known(wrong, case)
+    assert [f.check for f in verdict.findings] == ["zero-grad", "dv-bound"]
+    xfail_if_known(verdict, wrong.spec, case.forward, backward=True)  # returns: dv-bound is not
+    with pytest.raises(CheckFailed, match="^dv-bound:"):
+        verdict.raise_for("dv-bound")
 
 
 def test_report_calls_covered_records_known(tmp_path) -> None:

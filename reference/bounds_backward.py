@@ -16,6 +16,7 @@ cores truncate), ``eps`` exp2's relative error, ``f`` the flush-to-zero threshol
     e_g  = gamma_Dv(u_m) sum|dO v|              >= |dP^ - g|
     e_D  = (1 + u) [sum|dO| beta_O + gamma_Dv(u) sum|dO| (|O| + beta_O)] + u |D'|
     e_dS = w r + (P + w)(e_g + e_D) + gamma_2(u) (P + w)(r + e_g + e_D)    >= |dS^ - dS|
+           (w is wP where dS is formed from the rounded P, ``ds_from_rounded_p``)
     x    = e_dS + u_dS (P r + e_dS) + sigma_dS / 2                         (dS rounded for MMAs)
 
 then, with ``N`` the products each element sums (``Sk`` for dq, ``group * Sq`` for dk/dv; any
@@ -98,6 +99,7 @@ class _BackwardChain:
     u_o: float
     half_sub_o: float
     overflow: float  # the smallest magnitude the accumulator or the output may turn into inf
+    ds_from_rounded_p: bool
 
     @classmethod
     def of(cls, precision: BackwardPrecision, exp2_error_ulp: float, mma_u: float):
@@ -124,6 +126,7 @@ class _BackwardChain:
             u_o=u_o,
             half_sub_o=half_sub_o,
             overflow=min(float(format_info(t).max) for t in (acc, precision.output_dtype or acc)),
+            ds_from_rounded_p=precision.ds_from_rounded_p,
         )
 
 
@@ -255,7 +258,8 @@ def _add_chunk(
     e_d0 = (abs_do * beta_o_rows).sum(axis=1, keepdims=True)
     e_d0 += gamma(Dv, u) * (abs_do * (np.abs(o) + beta_o_rows)).sum(axis=1, keepdims=True)
     e_d = (1 + u) * e_d0 + u * np.abs(d)
-    e_ds = w * r + (p + w) * (e_g + e_d) + gamma(2, u) * (p + w) * (r + e_g + e_d)
+    w_ds = w_p if chain.ds_from_rounded_p else w  # the error of the P that dS is formed from
+    e_ds = w_ds * r + (p + w_ds) * (e_g + e_d) + gamma(2, u) * (p + w_ds) * (r + e_g + e_d)
     x = np.where(seen, e_ds + chain.u_ds * (p * r + e_ds) + chain.half_sub_ds, 0)
     ds = p * r  # |dS|
     # The vacuity scale counts only r the float64 recomputation resolves: structural zeros

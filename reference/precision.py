@@ -142,6 +142,8 @@ class BackwardPrecision:
     * ``forward``: the chain that produced the O and LSE the backward reads.
     * ``p_dtype``: P (recomputed from the LSE) rounded to this before ``dV += P^T dO``, or None.
     * ``ds_dtype``: dS rounded to this before ``dK += dS^T Q`` and ``dQ += dS K``, or None.
+    * ``ds_from_rounded_p``: dS is formed from the P rounded to ``p_dtype`` (a kernel that keeps
+      only the 16-bit P it fed to the dV MMA), not from the fp32 P (FlashAttention).
     * ``accum_dtype``: S, dP, D, the elementwise P/dS math and every accumulator
       (``float32`` or ``float64``).
     * ``dq_order``: how the K blocks' dQ partials are added: ``fixed`` (K blocks in order, a
@@ -152,6 +154,7 @@ class BackwardPrecision:
     forward: StreamingPrecision = StreamingPrecision()
     p_dtype: str | None = None
     ds_dtype: str | None = None
+    ds_from_rounded_p: bool = False
     accum_dtype: str = "float32"
     dq_order: str = "fixed"
     output_dtype: str | None = None
@@ -165,6 +168,8 @@ class BackwardPrecision:
             value = getattr(self, name)
             if value is not None and value not in ("float16", "bfloat16"):
                 raise ValueError(f"{name}={value!r} must be None, 'float16' or 'bfloat16'")
+        if not isinstance(self.ds_from_rounded_p, bool):
+            raise ValueError(f"ds_from_rounded_p={self.ds_from_rounded_p!r} must be a bool")
         if self.accum_dtype not in ("float32", "float64"):
             raise ValueError(f"accum_dtype={self.accum_dtype!r} must be 'float32' or 'float64'")
         if self.dq_order not in DQ_ORDERS:

@@ -13,7 +13,8 @@ query head (``c = scale_log2``, ``LOG2_E = log2(e)``)::
             P   = exp2(S * c - LSE2)                 (recomputed from the saved LSE; one FMA)
             dV += P^T dO                             (P rounded to p_dtype)
             dP  = dO V^T
-            dS  = P * (dP - D)                       (from the unrounded P)
+            dS  = P * (dP - D)                       (the fp32 P; the rounded one if
+                                                      ds_from_rounded_p)
             dK += dS^T Q                             (dS rounded to ds_dtype)
             dQ += dS K                               (into the dQ accumulator, K blocks in dq_order)
         dk[kv head] += dK, dv[kv head] += dV         (summed over the query heads of the group)
@@ -173,7 +174,8 @@ def _backward_kv_block(
         P_mma = round_to(P, precision.p_dtype or acc.name).astype(acc)  # P as fed to P^T dO
         dV += P_mma.T @ dO  # dV += P^T dO
         dP = dO @ V.T  # dP = dO V^T
-        dS = P * (dP - D[:, None])  # dS = P * (dP - D)
+        P_ds = P_mma if precision.ds_from_rounded_p else P  # the P that dS is formed from
+        dS = P_ds * (dP - D[:, None])  # dS = P * (dP - D)
         dS_mma = round_to(dS, precision.ds_dtype or acc.name).astype(acc)  # dS as fed to MMAs
         dK += dS_mma.T @ Q  # dK += dS^T Q
         dQ[rows] += dS_mma @ K  # dQ += dS K (this K block's partial, in dq_order)
