@@ -6,6 +6,8 @@ and checking every one: ``--pass forward`` (default) draws ``attention_cases(spe
 rows); ``--pass backward`` draws ``backward_cases(spec=...)`` for ``run_backward_case``
 (poisoned padding, prefill and guards where the adapter allows, determinism, dq/dk/dv against
 float64 on every element and exact on sampled rows and keys) and adds the run-to-run column.
+Cases run through ``run_with_known`` / ``run_backward_with_known``: a case whose failures are
+all declared known findings counts as ``known``, and only the other failures are spelled out.
 Prints one table naming the GPU; ``--json`` writes every verdict's findings.
 
     python benchmarks/bench_gpu_suite.py --minutes 8 --shards 3 --json out.json
@@ -33,14 +35,20 @@ def _shard(
 ) -> dict:
     from hypothesis import HealthCheck, Phase, given, seed, settings
 
-    from attention_crossval.kernel.harness import IsolatedKernel, run_case
-    from attention_crossval.kernel.harness_backward import run_backward_case
+    from attention_crossval.kernel.harness import IsolatedKernel
+    from attention_crossval.kernel.known_findings import (
+        covering,
+        run_backward_with_known,
+        run_with_known,
+    )
     from attention_crossval.properties.strategies import attention_cases, backward_cases
 
     worker = IsolatedKernel(kernel, timeout_s=120.0)
     deadline = time.monotonic() + seconds
     verdicts: list[dict] = []
-    cases, run = (backward_cases, run_backward_case) if backward else (attention_cases, run_case)
+    cases, run = (
+        (backward_cases, run_backward_with_known) if backward else (attention_cases, run_with_known)
+    )
     strategy = cases(spec=worker.spec, max_len=min(max_len, 4 * worker.spec.tile_n + 1))
 
     @seed((2000 if backward else 1000) + shard)
@@ -57,12 +65,15 @@ def _shard(
             raise _TimeUp
         verdict = run(worker, case, finding_dir=finding_dir)
         run_to_run = getattr(verdict, "run_to_run", None)  # the backward's run-to-run summary
+        forward = case.forward if backward else case
+        known = covering(worker.spec, forward, verdict.findings, backward=backward)
         verdicts.append(
             {
                 "case": verdict.case,
                 "skipped": verdict.skipped,
                 "findings": [[f.check, f.message[:2000], f.case_path] for f in verdict.findings],
                 "declared": list(verdict.declared),
+                "known": bool(known),
                 "differing": None if run_to_run is None else run_to_run.differing,
                 "seconds": verdict.seconds,
             }
@@ -133,30 +144,37 @@ def _table(
         else "defensive + bound (float64 all rows, exact on sampled rows)"
     )
     print(f"\nGPU: {gpu}; {minutes:g} min per shard; checks: {checks}")
-    header = f"{'kernel':<32} {'checked':>8} {'passed':>7} {'skipped':>8} {'cases/min':>10}"
-    print(header + (f" {'run-to-run differs':>19}" if backward else "") + "  failed checks")
+    header = f"{'kernel':<32} {'checked':>8} {'passed':>7} {'known':>6} {'skipped':>8}"
+    header += f" {'cases/min':>10}" + (f" {'run-to-run differs':>19}" if backward else "")
+    print(header + "  failed checks (known: declared known findings)")
     total, wall = 0, max((r["elapsed"] for r in results), default=1.0)
     for kernel in kernels:
         verdicts = [v for r in results if r["kernel"] == kernel for v in r["verdicts"]]
         checked = [v for v in verdicts if v["skipped"] is None]
-        failed = collections.Counter(f[0] for v in checked for f in v["findings"])
+        failed = collections.Counter(
+            ("known " if v["known"] else "") + f[0] for v in checked for f in v["findings"]
+        )
         passed = sum(1 for v in checked if not v["findings"])
+        known = sum(1 for v in checked if v["known"])
         elapsed = max((r["elapsed"] for r in results if r["kernel"] == kernel), default=1.0)
         total += len(checked)
         fails = ", ".join(f"{k}={n}" for k, n in sorted(failed.items())) or "-"
         skipped, rate = len(verdicts) - len(checked), 60 * len(checked) / elapsed
-        row = f"{kernel:<32} {len(checked):>8} {passed:>7} {skipped:>8} {rate:>10.1f}"
+        row = f"{kernel:<32} {len(checked):>8} {passed:>7} {known:>6} {skipped:>8} {rate:>10.1f}"
         differs = sum(1 for v in checked if v["differing"])
         print(row + (f" {differs:>19}" if backward else "") + f"  {fails}")
     for kernel in kernels:
         seen = set()
         for r in results:
             for v in r["verdicts"] if r["kernel"] == kernel else ():
+                if v["known"]:
+                    continue
                 for check, message, _ in v["findings"]:
                     if check not in seen:
                         seen.add(check)
                         print(f"  {kernel} {check}: {v['case']}\n    {message[:400]}")
-    print(f"{'all':<32} {total:>8} {'':>7} {'':>8} {60 * total / wall:>10.1f}  (wall {wall:.0f} s)")
+    rate = 60 * total / wall
+    print(f"{'all':<32} {total:>8} {'':>7} {'':>6} {'':>8} {rate:>10.1f}  (wall {wall:.0f} s)")
 
 
 if __name__ == "__main__":

@@ -51,7 +51,7 @@ BACKWARD_MUTANTS: dict[str, BackwardMutant] = {
         BackwardMutant(
             "missing_d_term",
             "dS = P * dP: the preprocessed D = rowsum(dO * O) is never subtracted",
-            (_edit("dS = P * (dP - D[:, None])", "dS = P * dP"),),
+            (_edit("dS = P_ds * (dP - D[:, None])", "dS = P_ds * dP"),),
             "ds_rows_sum_to_dlse",
             lambda: (gqa_case(), False),
         ),

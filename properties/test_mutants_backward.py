@@ -52,7 +52,7 @@ def test_mutants_leave_the_production_module_alone() -> None:
     for name in BACKWARD_MUTANTS:
         assert load_backward_mutant(name).streaming_backward is not tier.streaming_backward
     assert inspect.getsource(tier) == before
-    assert "dS = P * (dP - D[:, None])" in before
+    assert "dS = P_ds * (dP - D[:, None])" in before
 
 
 def test_unknown_backward_mutant_is_rejected() -> None:
