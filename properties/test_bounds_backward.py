@@ -28,17 +28,27 @@ from attention_crossval.reference.gradients import BackwardCase, Gradients
 from attention_crossval.reference.masks import visible_all
 from attention_crossval.reference.precision import BackwardPrecision, StreamingPrecision
 from attention_crossval.reference.streaming_backward import streaming_backward
+from attention_crossval.report.configs import Config
 
 pytestmark = pytest.mark.cpu
 
 GRADS = ("dq", "dk", "dv")
-CHAINS = ("flash", "permuted", "float64", "p_bf16_only", "ds_from_rounded_p", "ds_fp16_stale_max")
+CHAINS = (
+    "flash",
+    "permuted",
+    "float64",
+    "p_bf16_only",
+    "ds_from_rounded_p",
+    "dkv_rounded_per_head",
+    "ds_fp16_stale_max",
+)
 
 
 def chain(dtype: str, name: str) -> BackwardPrecision:
     """A declared chain by name: FlashAttention's (deterministic or atomic dQ adds), float64,
     P alone rounded (to bf16) with fp32 outputs, FlashAttention's with dS formed from the
-    rounded P (sdpa's efficient backend), dS alone rounded (to fp16) after FA4's stale-max
+    rounded P (sdpa's efficient backend), with dk/dv rounded per query head before the GQA
+    group sum (sdpa's flash backend), dS alone rounded (to fp16) after FA4's stale-max
     forward."""
     flash = BackwardPrecision.flash_attention(dtype)
     return {
@@ -47,6 +57,7 @@ def chain(dtype: str, name: str) -> BackwardPrecision:
         "float64": BackwardPrecision.float64(),
         "p_bf16_only": BackwardPrecision(forward=flash.forward, p_dtype="bfloat16"),
         "ds_from_rounded_p": dataclasses.replace(flash, ds_from_rounded_p=True),
+        "dkv_rounded_per_head": dataclasses.replace(flash, dkv_rounded_per_head=True),
         "ds_fp16_stale_max": BackwardPrecision(
             forward=StreamingPrecision.flash_attention(dtype, rescale_threshold_log2=8.0),
             ds_dtype="float16",
@@ -201,6 +212,23 @@ def test_ds_from_rounded_p_is_outside_flash_attentions_bound() -> None:
     for declared, outside in ((flash, True), (rounded_p, False)):
         bounds = backward_error_bound(case, declared, exact.as_gradients())
         assert (bound_fractions(got, exact, bounds)["dk"].max() > 1) == outside
+
+
+def test_dkv_rounded_per_head_is_outside_flash_attentions_bound() -> None:
+    """A GQA decode under the ramp distribution: dk/dv rounded per query head before the group
+    sum exceed FlashAttention's bound (about 1.5x, as sdpa's flash backend measured on the
+    H200) and stay within the knob's own."""
+    forward = Config("float16", D=64, Sq=1, Sk=192, Hq=2, Hkv=1, distribution="ramp", tile_n=64)
+    do = np.random.default_rng(0).standard_normal((1, 1, 2, 64)).astype(np.float16)
+    case = BackwardCase(forward.build(), do)
+    permuted = chain("float16", "permuted")
+    per_head = dataclasses.replace(permuted, dkv_rounded_per_head=True)
+    got = streaming_backward(case, per_head, block_m=64, block_n=64)
+    exact = exact_backward(case)
+    for declared, outside in ((permuted, True), (per_head, False)):
+        bounds = backward_error_bound(case, declared, exact.as_gradients())
+        fractions = bound_fractions(got, exact, bounds)
+        assert (max(fractions["dk"].max(), fractions["dv"].max()) > 1) == outside
 
 
 @given(backward_cases(max_len=12, max_heads=4, mask_kinds=("causal", "window", "varlen")))

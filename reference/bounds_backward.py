@@ -27,7 +27,10 @@ summation order or blocking is a summation tree of them, so ``gamma_N`` covers a
     dk: the same over i with |q_i| (and every query head of the group)
     dv: sum_i wP |dO_i| + gamma_N(u_m) sum_i (P + wP) |dO_i|
 
-and a narrower output dtype multiplies by ``1 + u_o`` and adds ``u_o |reference| +
+with ``dkv_rounded_per_head`` (GQA group of G heads), dk and dv first gain each head's own
+rounding and the group sum, ``+ u_o (M + E) + G sigma_o / 2`` and ``gamma_(G-1)(u)`` times the
+rounded heads' magnitude (E the bound so far, M the magnitude); then
+a narrower output dtype multiplies by ``1 + u_o`` and adds ``u_o |reference| +
 sigma_o / 2``; where ``|reference|`` or ``M`` plus the bound reaches the accumulator's or the
 output's largest finite value, the result may overflow and the bound is inf. ``M`` (``scale
 sum P r |k|`` etc.) bounds ``|gradient|``: a bound at least ``M`` cannot tell the gradient from
@@ -187,11 +190,23 @@ def backward_error_bound(
         accumulated = first + gamma(n, chain.u_m) * second
         return scale * (accumulated * (1 + u) ** 2 + magnitude * (2 * u + u * u))
 
+    def per_head(total: np.ndarray, magnitude: np.ndarray) -> np.ndarray:
+        # Each of the G heads' results rounded to the output (|x_h| <= M_h + E_h), then their
+        # sum in the accumulator: G - 1 more additions.
+        if not (precision.dkv_rounded_per_head and fwd.group_size > 1):
+            return total
+        g = fwd.group_size
+        heads = magnitude + total + g * chain.half_sub_o  # >= the sum of the heads' |x_h|
+        rounded = total + chain.u_o * (magnitude + total) + g * chain.half_sub_o
+        return rounded + gamma(g - 1, u) * (1 + chain.u_o) * heads
+
     dq_mag, dk_mag = scale * sums.dq_mag, scale * sums.dk_mag
+    dk_total = per_head(scaled(sums.dk_x, sums.dk_xs, sums.dk_mag, n_dkv), dk_mag)
+    dv_total = per_head(sums.dv_w + gamma(n_dkv, chain.u_m) * sums.dv_ws, sums.dv_mag)
     return GradientBounds(
         dq=finish(scaled(sums.dq_x, sums.dq_xs, sums.dq_mag, n_dq), dq_mag, reference.dq),
-        dk=finish(scaled(sums.dk_x, sums.dk_xs, sums.dk_mag, n_dkv), dk_mag, reference.dk),
-        dv=finish(sums.dv_w + gamma(n_dkv, chain.u_m) * sums.dv_ws, sums.dv_mag, reference.dv),
+        dk=finish(dk_total, dk_mag, reference.dk),
+        dv=finish(dv_total, sums.dv_mag, reference.dv),
         dq_scale=scale * sums.dq_resolved,
         dk_scale=scale * sums.dk_resolved,
         dv_scale=sums.dv_mag,

@@ -144,6 +144,9 @@ class BackwardPrecision:
     * ``ds_dtype``: dS rounded to this before ``dK += dS^T Q`` and ``dQ += dS K``, or None.
     * ``ds_from_rounded_p``: dS is formed from the P rounded to ``p_dtype`` (a kernel that keeps
       only the 16-bit P it fed to the dV MMA), not from the fp32 P (FlashAttention).
+    * ``dkv_rounded_per_head``: with GQA, each query head's dk/dv is rounded to ``output_dtype``
+      before the group sum (in ``accum_dtype``, then rounded again): a kernel that writes
+      per-head gradients and reduces them afterwards (FlashAttention 2's GQA backward).
     * ``accum_dtype``: S, dP, D, the elementwise P/dS math and every accumulator
       (``float32`` or ``float64``).
     * ``dq_order``: how the K blocks' dQ partials are added: ``fixed`` (K blocks in order, a
@@ -155,6 +158,7 @@ class BackwardPrecision:
     p_dtype: str | None = None
     ds_dtype: str | None = None
     ds_from_rounded_p: bool = False
+    dkv_rounded_per_head: bool = False
     accum_dtype: str = "float32"
     dq_order: str = "fixed"
     output_dtype: str | None = None
@@ -168,8 +172,9 @@ class BackwardPrecision:
             value = getattr(self, name)
             if value is not None and value not in ("float16", "bfloat16"):
                 raise ValueError(f"{name}={value!r} must be None, 'float16' or 'bfloat16'")
-        if not isinstance(self.ds_from_rounded_p, bool):
-            raise ValueError(f"ds_from_rounded_p={self.ds_from_rounded_p!r} must be a bool")
+        for name in ("ds_from_rounded_p", "dkv_rounded_per_head"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}={getattr(self, name)!r} must be a bool")
         if self.accum_dtype not in ("float32", "float64"):
             raise ValueError(f"accum_dtype={self.accum_dtype!r} must be 'float32' or 'float64'")
         if self.dq_order not in DQ_ORDERS:

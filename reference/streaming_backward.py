@@ -17,7 +17,9 @@ query head (``c = scale_log2``, ``LOG2_E = log2(e)``)::
                                                       ds_from_rounded_p)
             dK += dS^T Q                             (dS rounded to ds_dtype)
             dQ += dS K                               (into the dQ accumulator, K blocks in dq_order)
-        dk[kv head] += dK, dv[kv head] += dV         (summed over the query heads of the group)
+        dk[kv head] += dK, dv[kv head] += dV         (summed over the query heads of the group;
+                                                      dK * scale and dV rounded to the output
+                                                      first if dkv_rounded_per_head)
     dq = dQ * scale,  dk = dk * scale                (softmax_scale once, at the end)
 
 Memory is O(block_m * block_n + outputs): no ``[Sq, Sk]`` matrix is ever formed.
@@ -110,6 +112,8 @@ def streaming_backward(
     dk_acc = np.zeros((fwd.B, fwd.Sk, fwd.Hkv, fwd.D), acc)  # dK summed over each GQA group
     dv_acc = np.zeros((fwd.B, fwd.Sk, fwd.Hkv, fwd.Dv), acc)
     scale = acc.type(fwd.softmax_scale)
+    out = precision.output_dtype or acc.name
+    per_head = precision.dkv_rounded_per_head and fwd.group_size > 1
     for b in range(fwd.B):
         q_len, k_len = fwd.q_length(b), fwd.k_length(b)
         # Blocks stop at the valid lengths, so padding (possibly NaN) is never multiplied.
@@ -130,11 +134,13 @@ def streaming_backward(
                 dK, dV = _backward_kv_block(
                     case, precision, b, h, cols, row_blocks, dO, D, LSE2, dQ, trace
                 )
+                if per_head:  # each head's gradient written in the output dtype, then summed
+                    dK, dV = round_to(dK * scale, out), round_to(dV, out)
                 dk_acc[b, cols, kv_head] += dK  # summed over the query heads of the group
                 dv_acc[b, cols, kv_head] += dV  # summed over the query heads of the group
             dq[b, :q_len, h, :] = round_to(dQ * scale, precision.output_dtype or acc.name)
-    out = precision.output_dtype or acc.name
-    return Gradients(dq=dq, dk=round_to(dk_acc * scale, out), dv=round_to(dv_acc, out))
+    dk_acc = dk_acc if per_head else dk_acc * scale  # per head: scaled before the group sum
+    return Gradients(dq=dq, dk=round_to(dk_acc, out), dv=round_to(dv_acc, out))
 
 
 def _backward_kv_block(

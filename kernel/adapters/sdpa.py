@@ -27,7 +27,11 @@ Conventions, declared rather than failed on:
   ``dS = P (dP - D)`` from the P it rounded to 16 bits for ``dV += P^T dO``, not from the fp32
   P: measured on the H200 (2026-12-01, fp16, 6 saved cases), its dk error was 2.7-6.5x
   FlashAttention's bound and 0.4-0.92x of that chain's bound (``ds_from_rounded_p``), while
-  dq and dv fit both. The gradients come back from autograd
+  dq and dv fit both. The flash backend rounds each query head's dk/dv to the input dtype
+  before summing a GQA group (``dkv_rounded_per_head``): measured on the H200 (2026-12-01), its
+  GQA cases exceeded FlashAttention's dk/dv bound by 1.01-1.95x, and the emulation of that
+  chain reproduces those ratios to three digits within its own bound. The gradients come
+  back from autograd
   (no caller buffers), so again only input guards, determinism and finiteness apply.
 * ``spec.device`` is where the tensors go: "cuda" for every registered backend; a "cpu" copy of
   the math backend exercises the adapter logic on a machine without a GPU.
@@ -89,8 +93,8 @@ _CUDNN_ZERO_DO_NAN = KnownFinding(
     check="nonfinite",
     mask_kinds=frozenset({"explicit", "window", "varlen"}),
     reason="with dO = 0 on a query row that the boolean mask hides entirely (as a loss mask "
-    "gives), dq, dk and dv come back NaN (measured: one hidden query row over 64 keys, NaN in "
-    "every element). Not yet reported upstream.",
+    "gives), dq, dk and dv came back NaN in every element, measured with one query row (Sq = 1) "
+    "over 64 keys; 128 query rows with 32 hidden gave no NaN. Not yet reported upstream.",
     link=_PYTORCH,
     backward=True,
 )
@@ -105,7 +109,8 @@ class _Backend(NamedTuple):
     tile_n: int
     fp32_p: bool  # P kept in fp32 (math upcasts); else FlashAttention's chain
     known: tuple[KnownFinding, ...]
-    ds_from_rounded_p: bool = False  # its backward forms dS from the 16-bit P (see module)
+    # BackwardPrecision flags its backward sets over FlashAttention's atomic chain (see module)
+    backward_changes: tuple[str, ...] = ()
 
 
 # torch warns about every backend it skipped; only the chosen backend's reasons explain a refusal.
@@ -129,7 +134,17 @@ _BACKENDS = {
         True,
         (_NAN_THROUGH_MASK, _NAN_THROUGH_MASK_BACKWARD),
     ),
-    "flash": _Backend("FLASH_ATTENTION", _HALVES, frozenset(), True, 128, 64, False, ()),
+    "flash": _Backend(
+        "FLASH_ATTENTION",
+        _HALVES,
+        frozenset(),
+        True,
+        128,
+        64,
+        False,
+        (),
+        backward_changes=("dkv_rounded_per_head",),
+    ),
     "efficient": _Backend(
         "EFFICIENT_ATTENTION",
         _FLOATS,
@@ -139,6 +154,7 @@ _BACKENDS = {
         64,
         False,
         (_NAN_THROUGH_MASK, _NAN_THROUGH_MASK_BACKWARD),
+        backward_changes=("ds_from_rounded_p",),
     ),
     "cudnn": _Backend(
         "CUDNN_ATTENTION",
@@ -170,10 +186,10 @@ def _math_backward_precision(dtype: str) -> BackwardPrecision:
     return BackwardPrecision(forward=_math_precision(dtype), output_dtype=dtype)
 
 
-def _rounded_p_backward_precision(dtype: str) -> BackwardPrecision:
-    """FlashAttention's atomic-add chain, with dS formed from the P rounded for the dV MMA."""
+def _changed_backward_precision(dtype: str, changes: tuple[str, ...]) -> BackwardPrecision:
+    """FlashAttention's atomic-add chain with the flags ``changes`` set."""
     chain = BackwardPrecision.flash_attention(dtype, deterministic=False)
-    return dataclasses.replace(chain, ds_from_rounded_p=True)
+    return dataclasses.replace(chain, **dict.fromkeys(changes, True))
 
 
 @dataclass
@@ -192,8 +208,9 @@ class SdpaAdapter:
         info = _BACKENDS[backend]
         precision = {d: _math_precision(d) for d in info.dtypes} if info.fp32_p else {}
         backward = {d: _math_backward_precision(d) for d in info.dtypes} if info.fp32_p else {}
-        if info.ds_from_rounded_p:
-            backward = {d: _rounded_p_backward_precision(d) for d in info.dtypes}
+        if info.backward_changes:
+            changes = info.backward_changes
+            backward = {d: _changed_backward_precision(d, changes) for d in info.dtypes}
         spec = KernelSpec(
             name=f"sdpa-{backend}",
             dtypes=info.dtypes,
