@@ -44,6 +44,9 @@ def _shard(
     from attention_crossval.properties.strategies import attention_cases, backward_cases
 
     worker = IsolatedKernel(kernel, timeout_s=120.0)
+    if backward and not worker.spec.backward:
+        worker.close()
+        return {"kernel": kernel, "shard": shard, "elapsed": 0.0, "verdicts": [], "absent": True}
     deadline = time.monotonic() + seconds
     verdicts: list[dict] = []
     cases, run = (
@@ -149,6 +152,9 @@ def _table(
     print(header + "  failed checks (known: declared known findings)")
     total, wall = 0, max((r["elapsed"] for r in results), default=1.0)
     for kernel in kernels:
+        if any(r.get("absent") for r in results if r["kernel"] == kernel):
+            print(f"{kernel:<32} declares no backward")
+            continue
         verdicts = [v for r in results if r["kernel"] == kernel for v in r["verdicts"]]
         checked = [v for v in verdicts if v["skipped"] is None]
         failed = collections.Counter(

@@ -219,7 +219,10 @@ def test_gqa_equals_the_mha_expansion_summed_per_group(case: BackwardCase) -> No
         case.dlse,
     )
     gqa, expanded = exact_backward(case), exact_backward(mha)
-    assert np.array_equal(gqa.dq, expanded.dq)
+    # Both dq are certified; their fixed-point grids may differ (the shift and format follow
+    # the kv head's magnitudes), so they agree within the sum of their radii, not bitwise.
+    dq_gap = (gqa.dq - expanded.dq) + (gqa.dq_lo - expanded.dq_lo)
+    assert np.all(np.abs(dq_gap) <= gqa.dq_err_bound + expanded.dq_err_bound)
     for name in ("dk", "dv"):
         terms = getattr(expanded, name) + getattr(expanded, name + "_lo")
         terms = terms.reshape(*terms.shape[:2], f.Hkv, group, -1)
