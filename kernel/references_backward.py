@@ -141,6 +141,7 @@ class BackwardReferences:
                 references[g],
                 bound=getattr(bounds, g) * scale,
                 output_dtype=dtype,
+                undefined=getattr(bounds, f"{g}_undefined"),
             )
             for g in GRADIENTS
         }

@@ -40,6 +40,7 @@ CHAINS = (
     "p_bf16_only",
     "ds_from_rounded_p",
     "dkv_rounded_per_head",
+    "ds_scaled",
     "ds_fp16_stale_max",
 )
 
@@ -58,6 +59,7 @@ def chain(dtype: str, name: str) -> BackwardPrecision:
         "p_bf16_only": BackwardPrecision(forward=flash.forward, p_dtype="bfloat16"),
         "ds_from_rounded_p": dataclasses.replace(flash, ds_from_rounded_p=True),
         "dkv_rounded_per_head": dataclasses.replace(flash, dkv_rounded_per_head=True),
+        "ds_scaled": dataclasses.replace(flash, ds_scaled=True),
         "ds_fp16_stale_max": BackwardPrecision(
             forward=StreamingPrecision.flash_attention(dtype, rescale_threshold_log2=8.0),
             ds_dtype="float16",
@@ -229,6 +231,24 @@ def test_dkv_rounded_per_head_is_outside_flash_attentions_bound() -> None:
         bounds = backward_error_bound(case, declared, exact.as_gradients())
         fractions = bound_fractions(got, exact, bounds)
         assert (max(fractions["dk"].max(), fractions["dv"].max()) > 1) == outside
+
+
+def test_ds_scaled_is_outside_flash_attentions_bound() -> None:
+    """A decode row with one key far below the others: its dS is a 16-bit subnormal, and
+    rounding scale * dS (as torch SDPA's efficient and cuDNN backends do) loses 1/scale times
+    more of it than rounding dS. FlashAttention's bound is exceeded (2.2x), the knob's holds."""
+    rng = np.random.default_rng(56)
+    q = rng.standard_normal((1, 1, 1, 64)).astype(np.float16)
+    k = rng.standard_normal((1, 3, 1, 64))
+    k[0, 0, 0] -= q[0, 0, 0].astype(np.float64) * 112 / float(np.sum(q.astype(np.float64) ** 2))
+    v, do = (rng.standard_normal((1, n, 1, 64)).astype(np.float16) for n in (3, 1))
+    case = BackwardCase(AttentionCase(q, k.astype(np.float16), v), do)
+    flash, scaled = chain("float16", "flash"), chain("float16", "ds_scaled")
+    got = streaming_backward(case, scaled, block_m=16, block_n=16)
+    exact = exact_backward(case)
+    for declared, outside in ((flash, True), (scaled, False)):
+        bounds = backward_error_bound(case, declared, exact.as_gradients())
+        assert (bound_fractions(got, exact, bounds)["dk"].max() > 1) == outside
 
 
 @given(backward_cases(max_len=12, max_heads=4, mask_kinds=("causal", "window", "varlen")))

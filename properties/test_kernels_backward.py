@@ -33,7 +33,7 @@ from attention_crossval.properties.kernels_under_test import (
 )
 from attention_crossval.properties.strategies import backward_cases
 from attention_crossval.reference.case import AttentionCase, CausalAlignment, Mask
-from attention_crossval.reference.gradients import BackwardCase
+from attention_crossval.reference.gradients import BackwardCase, Gradients
 from attention_crossval.reference.precision import StreamingPrecision
 
 
@@ -112,6 +112,31 @@ def test_correct_backward_passes_every_check() -> None:
     expected = {"unwritten", "output-guard", "padding-read", "determinism", "zero-grad"}
     assert expected | {"dq-bound", "dk-bound", "dv-bound"} <= verdict.applied
     assert verdict.run_to_run is not None and verdict.run_to_run.bitwise_equal
+
+
+@pytest.mark.cpu
+def test_overflow_the_declared_chain_allows_is_not_a_finding() -> None:
+    """V = +-1e4 makes dS ~ 1e5: FlashAttention's fp16 dS overflows to +-inf and dq, dk turn
+    inf or NaN, which the chain allows (bound inf, undefined), so nothing fails and a note
+    counts the rows; the same NaN in dv, which no overflow reaches, is still a finding."""
+    rng = np.random.default_rng(0)
+    q, k = (rng.standard_normal((1, 2, 1, 16)).astype(np.float16) for _ in range(2))
+    v = np.where(rng.random((1, 2, 1, 16)) < 0.5, -1e4, 1e4).astype(np.float16)
+    do = np.full((1, 2, 1, 16), 2.0, np.float16) * np.sign(v[:, :1])
+    case = BackwardCase(AttentionCase(q, k, v), do.astype(np.float16))
+    verdict = run_backward_case(BrokenBackwardAdapter("none"), case, samples=1)
+    assert not np.isfinite(verdict.result.dq).all()  # the chain did overflow
+    assert verdict.findings == ()
+    assert any("may overflow" in note for note in verdict.declared)
+
+    class NanDv(BrokenBackwardAdapter):
+        def _gradients(self, case: BackwardCase) -> Gradients:
+            grads = super()._gradients(case)
+            return dataclasses.replace(grads, dv=np.full_like(grads.dv, np.nan))
+
+    verdict = run_backward_case(NanDv("none"), case, samples=1)
+    assert [f.check for f in verdict.findings] == ["nonfinite"]
+    assert verdict.findings[0].message.startswith("dv:")
 
 
 @pytest.mark.cpu

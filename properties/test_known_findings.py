@@ -75,16 +75,22 @@ def test_builtin_known_findings_are_declared_and_triggerable(name: str) -> None:
 
 @pytest.mark.parametrize("name", GPU_BUILTIN)
 def test_builtin_backward_chains_are_the_measured_ones(name: str) -> None:
-    """Only sdpa-efficient forms dS from the 16-bit P and only sdpa-flash rounds dk/dv per
-    query head before the GQA sum (measured on the H200: their errors fit those chains' bounds
-    and not FlashAttention's)."""
+    """The chains measured on the H200 (their errors fit these chains' bounds, not
+    FlashAttention's): sdpa-efficient forms dS from the 16-bit P; sdpa-flash and sdpa-cudnn
+    round dk/dv per query head before the GQA sum; sdpa-efficient and sdpa-cudnn round the
+    scaled dS."""
     spec = resolve(name).spec
     if not spec.backward:
         pytest.skip(f"{name} declares no backward")
     chains = [spec.backward_precision_for(dtype) for dtype in sorted(spec.dtypes)]
     half = [c for c in chains if c.p_dtype is not None]
     assert all(c.ds_from_rounded_p == (name == "sdpa-efficient") for c in half), chains
-    assert all(c.dkv_rounded_per_head == (name == "sdpa-flash") for c in half), chains
+    per_head, scaled = (
+        name in ("sdpa-flash", "sdpa-cudnn"),
+        name in ("sdpa-efficient", "sdpa-cudnn"),
+    )
+    assert all(c.dkv_rounded_per_head == per_head for c in half), chains
+    assert all(c.ds_scaled == scaled for c in half), chains
 
 
 KNOWN = KnownFinding("padding-read", frozenset({"varlen"}), "reads padding", LINK)

@@ -27,10 +27,14 @@ summation order or blocking is a summation tree of them, so ``gamma_N`` covers a
     dk: the same over i with |q_i| (and every query head of the group)
     dv: sum_i wP |dO_i| + gamma_N(u_m) sum_i (P + wP) |dO_i|
 
-with ``dkv_rounded_per_head`` (GQA group of G heads), dk and dv first gain each head's own
-rounding and the group sum, ``+ u_o (M + E) + G sigma_o / 2`` and ``gamma_(G-1)(u)`` times the
-rounded heads' magnitude (E the bound so far, M the magnitude); then
-a narrower output dtype multiplies by ``1 + u_o`` and adds ``u_o |reference| +
+with ``ds_scaled`` (dS multiplied by the scale before its 16-bit rounding) the same holds with
+``sigma_dS / 2`` divided by the scale (the rounding's absolute step, in unscaled units; the
+multiply's own rounding is the scale term's ``(1 + u)^2``); where ``|dS| + e_dS`` (times the
+scale under ``ds_scaled``) reaches the 16-bit maximum, the rounded dS may be inf and every
+element it reaches is unbounded. With ``dkv_rounded_per_head`` (GQA group of G heads), dk
+and dv first gain each head's own rounding and the group sum, ``+ u_o (M + E) + G sigma_o /
+2`` and ``gamma_(G-1)(u)`` times the rounded heads' magnitude (E the bound so far, M the
+magnitude); then a narrower output dtype multiplies by ``1 + u_o`` and adds ``u_o |reference| +
 sigma_o / 2``; where ``|reference|`` or ``M`` plus the bound reaches the accumulator's or the
 output's largest finite value, the result may overflow and the bound is inf. ``M`` (``scale
 sum P r |k|`` etc.) bounds ``|gradient|``: a bound at least ``M`` cannot tell the gradient from
@@ -41,7 +45,7 @@ return exactly 0). Evaluated in float64, row chunks at a time, times ``1 + 2^-30
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -68,7 +72,8 @@ class GradientBounds:
     """Per-element bounds on ``|gradient_kernel - gradient_exact|`` for dq, dk, dv (layout of
     :class:`~reference.gradients.Gradients`), and ``*_scale``: the magnitude M of the terms each
     element sums (which bounds the gradient itself), without pairs whose ``g - D'`` is a
-    structural zero (below float64's resolution of it)."""
+    structural zero (below float64's resolution of it); ``*_undefined``: elements that a 16-bit
+    dS which may overflow reaches, where any value, NaN included, is the chain's (bound inf)."""
 
     dq: np.ndarray
     dk: np.ndarray
@@ -76,6 +81,9 @@ class GradientBounds:
     dq_scale: np.ndarray
     dk_scale: np.ndarray
     dv_scale: np.ndarray
+    dq_undefined: np.ndarray
+    dk_undefined: np.ndarray
+    dv_undefined: np.ndarray
 
     def vacuous(self) -> dict[str, int]:
         """Per gradient, elements whose bound is inf or at least their scale (> 0): there the
@@ -102,6 +110,8 @@ class _BackwardChain:
     u_o: float
     half_sub_o: float
     overflow: float  # the smallest magnitude the accumulator or the output may turn into inf
+    ds_overflow: float  # the magnitude at which dS rounded for the MMAs may turn into inf
+    ds_scale: float  # what dS is multiplied by before that rounding (1, or softmax_scale)
     ds_from_rounded_p: bool
 
     @classmethod
@@ -129,6 +139,8 @@ class _BackwardChain:
             u_o=u_o,
             half_sub_o=half_sub_o,
             overflow=min(float(format_info(t).max) for t in (acc, precision.output_dtype or acc)),
+            ds_overflow=float(format_info(precision.ds_dtype or acc).max),
+            ds_scale=1.0,
             ds_from_rounded_p=precision.ds_from_rounded_p,
         )
 
@@ -158,6 +170,9 @@ def backward_error_bound(
     _check(fwd, precision.forward, block_n, exp2_error_ulp, mma_unit_roundoff, "any", 2.0, 1)
     _check_reference(case, reference)
     chain = _BackwardChain.of(precision, float(exp2_error_ulp), float(mma_unit_roundoff))
+    if precision.ds_scaled:  # dS * scale is what is rounded: its subnormal step is 1/scale larger
+        scale = fwd.softmax_scale
+        chain = replace(chain, half_sub_ds=chain.half_sub_ds / scale, ds_scale=scale)
     unknown = AttentionResult(o=np.full((fwd.B, fwd.Sq, fwd.Hq, fwd.Dv), np.nan), lse=None)
     options = dict(
         block_n=block_n, exp2_error_ulp=exp2_error_ulp, mma_unit_roundoff=mma_unit_roundoff
@@ -210,6 +225,9 @@ def backward_error_bound(
         dq_scale=scale * sums.dq_resolved,
         dk_scale=scale * sums.dk_resolved,
         dv_scale=sums.dv_mag,
+        dq_undefined=sums.dq_undefined,
+        dk_undefined=sums.dk_undefined,
+        dv_undefined=np.zeros(np.shape(sums.dv_mag), dtype=bool),  # P <= 1: no overflow
     )
 
 
@@ -225,6 +243,8 @@ class _PairSums:
         self.dv_w, self.dv_ws, self.dv_mag = (np.zeros((f.B, f.Sk, f.Hkv, f.Dv)) for _ in range(3))
         self.dq_resolved = np.zeros((f.B, f.Sq, f.Hq, f.D))  # M over the resolved |dS| only
         self.dk_resolved = np.zeros((f.B, f.Sk, f.Hkv, f.D))
+        self.dq_undefined = np.zeros((f.B, f.Sq, f.Hq, f.D), dtype=bool)  # a dS may overflow
+        self.dk_undefined = np.zeros((f.B, f.Sk, f.Hkv, f.D), dtype=bool)
 
 
 def _add_chunk(
@@ -276,6 +296,12 @@ def _add_chunk(
     w_ds = w_p if chain.ds_from_rounded_p else w  # the error of the P that dS is formed from
     e_ds = w_ds * r + (p + w_ds) * (e_g + e_d) + gamma(2, u) * (p + w_ds) * (r + e_g + e_d)
     x = np.where(seen, e_ds + chain.u_ds * (p * r + e_ds) + chain.half_sub_ds, 0)
+    # dS rounded to 16 bits may overflow to +-inf: every element it reaches is undefined (an
+    # inf - inf in the MMA may make it NaN).
+    overflow = seen & (chain.ds_scale * (p * r + e_ds) >= chain.ds_overflow)
+    x = np.where(overflow, np.inf, x)
+    sums.dq_undefined[b, rows, h] |= overflow.any(axis=1)[:, None]
+    sums.dk_undefined[b, :, kv_head] |= overflow.any(axis=0)[:, None]
     ds = p * r  # |dS|
     # The vacuity scale counts only r the float64 recomputation resolves: structural zeros
     # (a row with one key has g = D' exactly) must not look like a vacuous bound.

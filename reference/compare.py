@@ -107,12 +107,14 @@ def compare(
     rows: np.ndarray | None = None,
     lse_bound: np.ndarray | None = None,
     v_range: np.ndarray | None = None,
+    undefined: np.ndarray | None = None,
 ) -> ErrorReport:
     """Metrics of ``actual`` against ``reference`` (an ``AttentionResult`` or an ``ExactResult``,
     whose ``o_lo`` and ``rows`` are used). ``bound`` is ``[B, Sq, Hq, Dv]`` (e.g. from
     :func:`reference.bounds.error_bound`), ``rows``, ``lse_bound`` and ``v_range`` (each row's
     V range, :func:`reference.bounds.visible_v_range`, for counting vacuous bounds) are
-    ``[B, Hq, Sq]``.
+    ``[B, Hq, Sq]``. ``undefined`` (bool, the shape of ``bound``) marks elements where the
+    declared chain may produce any value, NaN included (its bound must be inf there).
     """
     if output_dtype not in OUTPUT_DTYPES:
         raise ValueError(f"output_dtype={output_dtype!r} must be one of {OUTPUT_DTYPES}")
@@ -135,9 +137,16 @@ def compare(
         fraction, mismatch, score = None, bad_value, err
     else:
         bound = _checked_bound("bound", _as_shape("bound", bound, shape), evaluated)
+        # An infinite bound (the declared chain may overflow there) admits +-inf, never NaN
+        # unless the chain's result is undefined there.
+        admitted = np.isinf(bound) & np.isinf(a)
+        if undefined is not None:
+            admitted |= _as_shape("undefined", undefined, shape).astype(bool) & np.isinf(bound)
+        bad_value &= ~admitted
         with np.errstate(divide="ignore", invalid="ignore"):
             fraction = np.where(err == 0, 0.0, err / bound)
         fraction = np.where(np.isnan(fraction), np.inf, fraction)
+        fraction = np.where(admitted, 0.0, fraction)  # an admitted overflow
         mismatch, score = bad_value | (err > bound), fraction
     vacuous = _vacuous(bound, v_range, shape) & evaluated
 

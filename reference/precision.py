@@ -144,6 +144,8 @@ class BackwardPrecision:
     * ``ds_dtype``: dS rounded to this before ``dK += dS^T Q`` and ``dQ += dS K``, or None.
     * ``ds_from_rounded_p``: dS is formed from the P rounded to ``p_dtype`` (a kernel that keeps
       only the 16-bit P it fed to the dV MMA), not from the fp32 P (FlashAttention).
+    * ``ds_scaled``: ``softmax_scale`` multiplies dS before it is rounded to ``ds_dtype``, so dq
+      and dk need no scale at the end (measured in torch SDPA's efficient and cuDNN backends).
     * ``dkv_rounded_per_head``: with GQA, each query head's dk/dv is rounded to ``output_dtype``
       before the group sum (in ``accum_dtype``, then rounded again): a kernel that writes
       per-head gradients and reduces them afterwards (FlashAttention 2's GQA backward).
@@ -158,6 +160,7 @@ class BackwardPrecision:
     p_dtype: str | None = None
     ds_dtype: str | None = None
     ds_from_rounded_p: bool = False
+    ds_scaled: bool = False
     dkv_rounded_per_head: bool = False
     accum_dtype: str = "float32"
     dq_order: str = "fixed"
@@ -172,7 +175,7 @@ class BackwardPrecision:
             value = getattr(self, name)
             if value is not None and value not in ("float16", "bfloat16"):
                 raise ValueError(f"{name}={value!r} must be None, 'float16' or 'bfloat16'")
-        for name in ("ds_from_rounded_p", "dkv_rounded_per_head"):
+        for name in ("ds_from_rounded_p", "ds_scaled", "dkv_rounded_per_head"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be a bool")
         if self.accum_dtype not in ("float32", "float64"):

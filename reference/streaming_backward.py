@@ -14,13 +14,15 @@ query head (``c = scale_log2``, ``LOG2_E = log2(e)``)::
             dV += P^T dO                             (P rounded to p_dtype)
             dP  = dO V^T
             dS  = P * (dP - D)                       (the fp32 P; the rounded one if
-                                                      ds_from_rounded_p)
+                                                      ds_from_rounded_p; times scale if
+                                                      ds_scaled)
             dK += dS^T Q                             (dS rounded to ds_dtype)
             dQ += dS K                               (into the dQ accumulator, K blocks in dq_order)
         dk[kv head] += dK, dv[kv head] += dV         (summed over the query heads of the group;
                                                       dK * scale and dV rounded to the output
                                                       first if dkv_rounded_per_head)
-    dq = dQ * scale,  dk = dk * scale                (softmax_scale once, at the end)
+    dq = dQ * scale,  dk = dk * scale                (softmax_scale once, at the end, unless
+                                                      ds_scaled put it into dS)
 
 Memory is O(block_m * block_n + outputs): no ``[Sq, Sk]`` matrix is ever formed.
 """
@@ -114,6 +116,7 @@ def streaming_backward(
     scale = acc.type(fwd.softmax_scale)
     out = precision.output_dtype or acc.name
     per_head = precision.dkv_rounded_per_head and fwd.group_size > 1
+    scale_at_end = acc.type(1) if precision.ds_scaled else scale  # else dS carried it
     for b in range(fwd.B):
         q_len, k_len = fwd.q_length(b), fwd.k_length(b)
         # Blocks stop at the valid lengths, so padding (possibly NaN) is never multiplied.
@@ -135,11 +138,11 @@ def streaming_backward(
                     case, precision, b, h, cols, row_blocks, dO, D, LSE2, dQ, trace
                 )
                 if per_head:  # each head's gradient written in the output dtype, then summed
-                    dK, dV = round_to(dK * scale, out), round_to(dV, out)
+                    dK, dV = round_to(dK * scale_at_end, out), round_to(dV, out)
                 dk_acc[b, cols, kv_head] += dK  # summed over the query heads of the group
                 dv_acc[b, cols, kv_head] += dV  # summed over the query heads of the group
-            dq[b, :q_len, h, :] = round_to(dQ * scale, precision.output_dtype or acc.name)
-    dk_acc = dk_acc if per_head else dk_acc * scale  # per head: scaled before the group sum
+            dq[b, :q_len, h, :] = round_to(dQ * scale_at_end, out)
+    dk_acc = dk_acc if per_head else dk_acc * scale_at_end  # per head: scaled before the sum
     return Gradients(dq=dq, dk=round_to(dk_acc, out), dv=round_to(dv_acc, out))
 
 
@@ -182,9 +185,12 @@ def _backward_kv_block(
         dP = dO @ V.T  # dP = dO V^T
         P_ds = P_mma if precision.ds_from_rounded_p else P  # the P that dS is formed from
         dS = P_ds * (dP - D[:, None])  # dS = P * (dP - D)
+        if precision.ds_scaled:
+            dS = dS * acc.type(fwd.softmax_scale)  # dS = dS * scale (before its rounding)
         dS_mma = round_to(dS, precision.ds_dtype or acc.name).astype(acc)  # dS as fed to MMAs
-        dK += dS_mma.T @ Q  # dK += dS^T Q
-        dQ[rows] += dS_mma @ K  # dQ += dS K (this K block's partial, in dq_order)
+        with np.errstate(invalid="ignore"):  # a dS that overflowed: inf - inf is the chain's NaN
+            dK += dS_mma.T @ Q  # dK += dS^T Q
+            dQ[rows] += dS_mma @ K  # dQ += dS K (this K block's partial, in dq_order)
         trace.block(b, h, rows, P, dP, dS)
     return dK, dV
 

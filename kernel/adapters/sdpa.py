@@ -30,8 +30,11 @@ Conventions, declared rather than failed on:
   dq and dv fit both. The flash backend rounds each query head's dk/dv to the input dtype
   before summing a GQA group (``dkv_rounded_per_head``): measured on the H200 (2026-12-01), its
   GQA cases exceeded FlashAttention's dk/dv bound by 1.01-1.95x, and the emulation of that
-  chain reproduces those ratios to three digits within its own bound. The gradients come
-  back from autograd
+  chain reproduces those ratios to three digits within its own bound; cuDNN does the same
+  (1.71x / 1.19x on dk / dv, 0.64x / 0.54x of the per-head chain's bound). The efficient and
+  cuDNN backends multiply dS by the scale before rounding it to 16 bits (``ds_scaled``): on a
+  decode whose dS is a 16-bit subnormal both exceeded FlashAttention's dk bound (1.25x, 1.46x)
+  exactly as that chain's emulation does. The gradients come back from autograd
   (no caller buffers), so again only input guards, determinism and finiteness apply.
 * ``spec.device`` is where the tensors go: "cuda" for every registered backend; a "cpu" copy of
   the math backend exercises the adapter logic on a machine without a GPU.
@@ -154,7 +157,7 @@ _BACKENDS = {
         64,
         False,
         (_NAN_THROUGH_MASK, _NAN_THROUGH_MASK_BACKWARD),
-        backward_changes=("ds_from_rounded_p",),
+        backward_changes=("ds_from_rounded_p", "ds_scaled"),
     ),
     "cudnn": _Backend(
         "CUDNN_ATTENTION",
@@ -171,6 +174,7 @@ _BACKENDS = {
             _CUDNN_ZERO_DO_NAN,
             _NAN_THROUGH_MASK_BACKWARD,
         ),
+        backward_changes=("ds_scaled", "dkv_rounded_per_head"),
     ),
 }
 
