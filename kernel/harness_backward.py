@@ -171,7 +171,7 @@ def run_backward_case(
         return run.result, run.writes
 
     expected = _Expected.of(spec, case)
-    run_to_run = None
+    run_to_run, clean = None, None
     try:
         runs = [call(poisoned, "nan" if i == 0 else "zero") for i in range(repeats)]
         findings, result, unwritten, clean = _analyse(
