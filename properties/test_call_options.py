@@ -10,6 +10,7 @@ correct kernel passes.
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -98,3 +99,25 @@ def test_broken_call_option_kernel_is_caught(name: str) -> None:
     finally:
         worker.close()
     run_case(StreamingAdapter(), case).raise_for()
+
+
+def test_report_configs_carry_the_call_options_and_keep_old_digests() -> None:
+    from attention_crossval.report.configs import Config, preset
+
+    plain = Config("bfloat16", 64, 10, 10)
+    assert not {"page_size", "num_splits", "layout"} & set(plain.fields())
+    assert plain.digest == Config("bfloat16", 64, 10, 10, page_size=None).digest
+    paged = Config("bfloat16", 64, 10, 10, page_size=3, num_splits=2, layout="packed")
+    case = paged.build()
+    assert (case.page_size, case.num_splits, case.layout) == (3, 2, "packed")
+    assert paged.name.endswith("-page3-splits2-packed") and paged.digest != plain.digest
+    cases = [c.build() for c in preset("surface")]
+    assert set().union(*(c.call_options for c in cases)) == {"paged", "splits", "packed"}
+    assert any(c.softcap for c in cases) and any(c.sink is not None for c in cases)
+    for bad, message in (
+        (dict(page_size=0), "config.page_size=0 must be None or an int >= 1"),
+        (dict(num_splits=300), "config.num_splits=300 must be None or an int in [1, 256]"),
+        (dict(layout="ragged"), "config.layout='ragged' must be None or one of"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            Config("bfloat16", 64, 10, 10, **bad)
