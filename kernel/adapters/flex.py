@@ -70,12 +70,18 @@ def _spec() -> KernelSpec:
 
 @functools.cache
 def _flex(compiled: bool) -> Any:
-    """``torch.compile(flex_attention)`` (compiled once per process, then per shape), or the
-    uncompiled ``flex_attention``."""
+    """``torch.compile(flex_attention)`` or the uncompiled ``flex_attention``. Cases differ in
+    shape and mask, so the compiled one recompiles (automatic dynamic shapes after the first);
+    past dynamo's recompile limit (8) it would silently run the unfused eager path instead of
+    the kernel under test: the limit is raised, and hitting it is an error."""
     import torch
     from torch.nn.attention.flex_attention import flex_attention
 
-    return torch.compile(flex_attention, dynamic=False) if compiled else flex_attention
+    if not compiled:
+        return flex_attention
+    torch._dynamo.config.recompile_limit = 1 << 12
+    torch._dynamo.config.fail_on_recompile_limit_hit = True
+    return torch.compile(flex_attention)
 
 
 def _mask_mod(case: AttentionCase, device: str) -> Any:
