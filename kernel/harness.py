@@ -87,14 +87,7 @@ def fill_padding(case: AttentionCase, value: float) -> AttentionCase:
             pad = np.arange(array.shape[1])[None, :] >= np.asarray(valid)[:, None]
             array[pad] = value
         arrays[name] = array
-    return AttentionCase(
-        **arrays,
-        softmax_scale=case.softmax_scale,
-        mask=case.mask,
-        label=case.label,
-        softcap=case.softcap,
-        sink=case.sink,
-    )
+    return dataclasses.replace(case, **arrays)  # every other field (options included) kept
 
 
 def applied_checks(adapter: KernelAdapter) -> frozenset[str]:

@@ -134,13 +134,18 @@ class CaseReferences:
         return self._on_rows(self._float64_evaluated())
 
     def streaming(self, precision: StreamingPrecision, tile_m: int, tile_n: int):
-        """The emulated result and a ``(b, h, i) -> (rescales, visible blocks)`` trace reader."""
+        """The emulated result and a ``(b, h, i) -> (rescales, visible blocks)`` trace reader;
+        split over the case's ``num_splits`` and combined as a split-KV kernel does."""
+        from attention_crossval.reference.splitkv import splitkv_attention
         from attention_crossval.reference.streaming import RescaleTrace, streaming_attention
 
         def compute():
-            trace = RescaleTrace()
-            result = streaming_attention(
-                self._evaluated_case(), precision, block_m=tile_m, block_n=tile_n, trace=trace
+            trace, case = RescaleTrace(), self._evaluated_case()
+            blocks = dict(block_m=tile_m, block_n=tile_n, trace=trace)
+            result = (
+                streaming_attention(case, precision, **blocks)
+                if case.num_splits == 1
+                else splitkv_attention(case, precision, num_splits=case.num_splits, **blocks)
             )
             subset = self.subset()
             index = (lambda i: i) if subset is None else subset.index
@@ -151,21 +156,27 @@ class CaseReferences:
 
         return self._timed(("streaming", precision, tile_m, tile_n), "streaming_s", compute)
 
-    def bounds(self, precision: StreamingPrecision, tile_n: int) -> tuple[np.ndarray, np.ndarray]:
+    def bounds(
+        self, precision: StreamingPrecision, tile_n: int, *, tanh_error_ulp: float = 2.0
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Derived bounds on O ``[B, Sq, Hq, Dv]`` and on the LSE ``[B, Hq, Sq]`` (NaN on rows
-        not evaluated), as derived in docs/numerics.md#error-bound."""
+        not evaluated), as derived in docs/numerics.md#error-bound, with the case's
+        ``num_splits`` and the kernel's tanh error (``KernelSpec.tanh_error_ulp``)."""
         from attention_crossval.reference.bounds import error_bound, lse_error_bound
 
         def compute():
             case, reference = self._evaluated_case(), self._float64_evaluated()
-            bound = error_bound(case, reference, precision, block_n=tile_n)
-            lse_bound = lse_error_bound(case, reference, precision, block_n=tile_n)
+            options = dict(
+                block_n=tile_n, tanh_error_ulp=tanh_error_ulp, num_splits=case.num_splits
+            )
+            bound = error_bound(case, reference, precision, **options)
+            lse_bound = lse_error_bound(case, reference, precision, **options)
             subset = self.subset()
             if subset is None:
                 return bound, lse_bound
             return subset.scatter_o(bound), subset.scatter_rows(lse_bound)
 
-        return self._timed(("bound", precision, tile_n), "bound_s", compute)
+        return self._timed(("bound", precision, tile_n, tanh_error_ulp), "bound_s", compute)
 
     def compare(
         self, tested: AttentionResult, tier: str, spec: KernelSpec, *, scale: float = 1.0
@@ -176,6 +187,7 @@ class CaseReferences:
         from attention_crossval.reference.compare import compare
 
         precision = spec.precision_for(self.case.dtype)
+        block_n = spec.block_n_for(self.case)
         if tier == "exact":
             reference, rows = self.exact(), self.sampled_rows()
             if reference is None:
@@ -183,11 +195,11 @@ class CaseReferences:
         elif tier == "float64":
             reference, rows = self.float64(), self.evaluated_rows()
         elif tier == "streaming":
-            reference = self.streaming(precision, spec.tile_m, spec.tile_n)[0]
+            reference = self.streaming(precision, spec.tile_m, block_n)[0]
             rows = self.evaluated_rows()
         else:
             raise ValueError(f"tier={tier!r} must be 'exact', 'float64' or 'streaming'")
-        bound, lse_bound = self.bounds(precision, spec.tile_n)
+        bound, lse_bound = self.bounds(precision, block_n, tanh_error_ulp=spec.tanh_error_ulp)
         return compare(
             tested,
             reference,
@@ -265,7 +277,7 @@ def _triage(
     emu_ok = True
     if "exact" in reports:
         precision = spec.precision_for(refs.case.dtype)
-        emulation = refs.streaming(precision, spec.tile_m, spec.tile_n)[0]
+        emulation = refs.streaming(precision, spec.tile_m, spec.block_n_for(refs.case))[0]
         emu_ok = refs.compare(emulation, "exact", spec).mismatched == 0
         lines.append(f"streaming emulation vs exact: {'within' if emu_ok else 'OUTSIDE'} the bound")
     verdict = (

@@ -33,6 +33,8 @@ BUILTIN: dict[str, tuple[str, str | None]] = {
         "attention_crossval.kernel.adapters.flash_attn_cute_backward:deterministic",
         "flash_attn.cute",
     ),
+    # torch.compile'd FlexAttention: a CUDA kernel (spec.device "cuda"), available with torch
+    "flex-attention": ("attention_crossval.kernel.adapters.flex:create", "torch"),
     "own-sm90": ("attention_crossval.kernel.adapters.own_sm90:create", "cutlass"),
     "own-sm100": (
         "attention_crossval.kernel.adapters.own_sm100:create",

@@ -15,6 +15,8 @@ import numpy as np
 from attention_crossval.kernel.known_findings import KnownFinding
 from attention_crossval.reference.case import (
     INPUT_DTYPES,
+    LAYOUTS,
+    MAX_SPLITS,
     AttentionCase,
     AttentionResult,
     CausalAlignment,
@@ -60,7 +62,16 @@ class KernelSpec:
       ``backward_precision``: its backward chain per input dtype, for the emulation and the
       gradient bounds (None = FlashAttention's, :meth:`backward_precision_for`).
     * ``softcap``, ``sink``: it takes ``case.softcap`` / ``case.sink`` (default off, so those
-      cases are never generated for it).
+      cases are never generated for it). ``tanh_error_ulp``: its tanh's relative error in ulps
+      of the score dtype, for the softcap bound (2: an accurate tanh; ``tanh.approx.f32``:
+      4096, that is 2^-11 / 2^-23).
+    * Call options (``case.page_size``, ``case.num_splits``, ``case.layout``): ``paged`` (it
+      reads K/V through a page table), ``max_splits`` (most split-KV splits; 1 = none),
+      ``layouts`` (a subset of {padded, packed}).
+    * ``kv_blocks``: per head dim D, a K block size that divides every K block the kernel uses
+      at that D (e.g. 16 where its tiles are 64, 80 and 112), for the bound and the emulation;
+      a D not listed uses ``tile_n``. Finer blocks only count more rescales, so the bound stays
+      rigorous for any tiling whose edges fall on the declared block edges.
     """
 
     name: str
@@ -85,6 +96,11 @@ class KernelSpec:
     backward_precision: dict[str, BackwardPrecision] = field(default_factory=dict)
     softcap: bool = False
     sink: bool = False
+    tanh_error_ulp: float = 2.0
+    paged: bool = False
+    max_splits: int = 1
+    layouts: frozenset[str] = frozenset({"padded"})
+    kv_blocks: dict[int, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -104,7 +120,7 @@ class KernelSpec:
         for name in ("device", "empty_rows", "padded_rows"):
             if not isinstance(getattr(self, name), str):
                 raise ValueError(f"spec.{name}={getattr(self, name)!r} must be a str")
-        for name in ("gqa", "returns_lse", "deterministic", "softcap", "sink"):
+        for name in ("gqa", "returns_lse", "deterministic", "softcap", "sink", "paged"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise ValueError(f"spec.{name}={getattr(self, name)!r} must be a bool")
         if not isinstance(self.causal_alignment, CausalAlignment):
@@ -144,6 +160,31 @@ class KernelSpec:
             raise ValueError(f"spec.device={self.device!r} must be 'cpu' or 'cuda'")
         self._validate_known_findings()
         self._validate_backward()
+        self._validate_call_options()
+
+    def _validate_call_options(self) -> None:
+        ulp = self.tanh_error_ulp
+        if isinstance(ulp, bool) or not isinstance(ulp, (int, float)) or not 0 <= ulp < 2**20:
+            raise ValueError(f"spec.tanh_error_ulp={ulp!r} must be a float in [0, 2^20)")
+        if not _is_positive_int(self.max_splits) or self.max_splits > MAX_SPLITS:
+            raise ValueError(f"spec.max_splits={self.max_splits!r} must be an int in [1, 256]")
+        layouts = self.layouts
+        if not isinstance(layouts, _SETS) or not layouts or not set(layouts) <= set(LAYOUTS):
+            raise ValueError(
+                f"spec.layouts={layouts!r} must be a non-empty set, a subset of {list(LAYOUTS)}"
+            )
+        object.__setattr__(self, "layouts", frozenset(layouts))
+        blocks = self.kv_blocks
+        if not isinstance(blocks, dict) or not all(
+            _is_positive_int(d) and _is_positive_int(n) for d, n in blocks.items()
+        ):
+            raise ValueError(
+                f"spec.kv_blocks={blocks!r} must be a dict head dim D -> K block size (ints >= 1)"
+            )
+
+    def block_n_for(self, case: AttentionCase) -> int:
+        """The K block the bound and the emulation use for ``case`` (``kv_blocks``)."""
+        return self.kv_blocks.get(case.D, self.tile_n)
 
     def _validate_precision(self) -> None:
         if not isinstance(self.precision, dict):
@@ -222,6 +263,12 @@ class KernelSpec:
             return "softcap not supported"
         if case.sink is not None and not self.sink:
             return "learnable sink not supported"
+        if case.page_size is not None and not self.paged:
+            return "paged KV (page_size) not supported"
+        if case.num_splits > self.max_splits:
+            return f"num_splits={case.num_splits} above max_splits={self.max_splits}"
+        if case.layout not in self.layouts:
+            return f"layout {case.layout!r} not in {sorted(self.layouts)}"
         if max(case.Sq, case.Sk) > self.max_seqlen:
             return f"sequence length above max_seqlen={self.max_seqlen}"
         aligned = case.mask.causal or "window" in case.mask.kinds

@@ -1,5 +1,7 @@
 """Which shape classes x masks x score distributions x dtypes a test run actually generated,
-and the sweep that makes every distribution and every declared mask kind appear in each run.
+which forward-surface features it drew (softcap, sink, hidden keys, paged, splits, packed, varlen
+batches, long decode: the label's ``features=`` part), and the sweeps that make every
+distribution, every declared mask kind and every declared feature appear in each run.
 
 :func:`properties.strategies.attention_cases` calls :func:`record` for every case it builds
 (shrink attempts included, so counts are draws, not distinct tests). As a pytest plugin
@@ -15,11 +17,13 @@ from collections import Counter
 import pytest
 
 from attention_crossval.kernel.spec import KernelSpec
+from attention_crossval.properties._strategies.features import FEATURES, spec_features
 from attention_crossval.properties._strategies.scores import DISTRIBUTIONS
 from attention_crossval.reference.case import AttentionCase
 
 AXES = ("shape", "mask", "dist", "dtype")
 _hits: Counter[tuple[str, ...]] = Counter()
+_features: Counter[str] = Counter()
 
 
 def coverage_key(case: AttentionCase) -> tuple[str, ...] | None:
@@ -44,11 +48,27 @@ def sweep(spec: KernelSpec) -> list[tuple[str, str]]:
     ]
 
 
+def feature_sweep(spec: KernelSpec) -> list[str]:
+    """The features ``spec`` declares: a test parametrized over them draws each one in every
+    run (a free sample of 30 cases may miss a feature drawn one time in eight)."""
+    return list(spec_features(spec))
+
+
+def features_of(case: AttentionCase) -> list[str]:
+    """The ``features=a+b`` of an ``attention_cases`` label (empty when it has none)."""
+    for part in case.label.split():
+        key, _, value = part.partition("=")
+        if key == "features":
+            return value.split("+")
+    return []
+
+
 def record(case: AttentionCase) -> None:
     """Count one generated case (cases without an ``attention_cases`` label are ignored)."""
     key = coverage_key(case)
     if key is not None:
         _hits[key] += 1
+        _features.update(features_of(case))
 
 
 def hits() -> Counter[tuple[str, ...]]:
@@ -56,9 +76,18 @@ def hits() -> Counter[tuple[str, ...]]:
     return Counter(_hits)
 
 
-def summary(counts: Counter[tuple[str, ...]] | None = None) -> str:
-    """Per-axis tallies (value: draws) and the number of distinct combinations hit."""
+def feature_hits() -> Counter[str]:
+    """A copy of the per-feature draw counts so far."""
+    return Counter(_features)
+
+
+def summary(
+    counts: Counter[tuple[str, ...]] | None = None, features: Counter[str] | None = None
+) -> str:
+    """Per-axis tallies (value: draws), the number of distinct combinations hit, and the
+    draws per forward-surface feature (features never drawn show 0)."""
     counts = _hits if counts is None else counts
+    features = _features if features is None else features
     if not counts:
         return "no attention_cases drawn"
     lines = [
@@ -71,6 +100,8 @@ def summary(counts: Counter[tuple[str, ...]] | None = None) -> str:
             per_value[key[index]] += n
         values = ", ".join(f"{value} {n}" for value, n in sorted(per_value.items()))
         lines.append(f"  {axis} ({len(per_value)}): {values}")
+    drawn = ", ".join(f"{name} {features[name]}" for name in FEATURES)
+    lines.append(f"  features ({sum(1 for n in FEATURES if features[n])}): {drawn}")
     return "\n".join(lines)
 
 

@@ -24,6 +24,15 @@ from hypothesis import strategies as st
 
 from attention_crossval.kernel.spec import MASK_KINDS, KernelSpec
 from attention_crossval.properties import coverage
+from attention_crossval.properties._strategies.features import (
+    BASES,
+    FEATURES,
+    add_features,
+    case_features,
+    check_features,
+    long_decode_options,
+    spec_features,
+)
 from attention_crossval.properties._strategies.gradients import (
     GRADIENT_DISTRIBUTIONS,
     GradientDistribution,
@@ -72,7 +81,7 @@ REFERENCE_SPEC = KernelSpec(
 
 
 @st.composite
-def _attention_cases(
+def _regular_case(
     draw: st.DrawFn,
     spec: KernelSpec,
     kernel_alignment: CausalAlignment | None,
@@ -85,6 +94,8 @@ def _attention_cases(
     mask_kinds: frozenset[str],
     required_mask_kinds: frozenset[str],
 ) -> AttentionCase:
+    """A shape, mask, score distribution, dtype and seed, built into q, k, v; the label names
+    the distribution and the dtype."""
     shape = draw(
         attention_shapes(
             spec=spec,
@@ -121,16 +132,44 @@ def _attention_cases(
     )
     with np.errstate(all="ignore"):  # rounding huge/non-finite padding to 16 bits is intended
         q, k, v = (a.astype(INPUT_DTYPES[dtype]) for a in dist.build(ctx))
-    case = AttentionCase(q, k, v, softmax_scale, mask)
+    return AttentionCase(q, k, v, softmax_scale, mask, label=f"dist={dist.name} dtype={dtype}")
+
+
+@st.composite
+def _attention_cases(
+    draw: st.DrawFn,
+    regular: st.SearchStrategy[AttentionCase],
+    spec: KernelSpec,
+    max_len: int,
+    features: tuple[str, ...],
+    required_features: frozenset[str],
+) -> AttentionCase:
+    bases = [b for b in BASES if b in required_features] or [b for b in BASES if b in features]
+    base = "regular"
+    if bases and (bases[0] in required_features or draw(st.integers(0, 7)) == 7):
+        base = draw(st.sampled_from(bases))
+    if base == "varlen_batch":
+        case = draw(varlen_batches(spec=spec, max_len=max_len))
+    elif base == "long_decode":
+        case = draw(long_decode_cases(spec=spec, **long_decode_options(spec)))
+    else:
+        case = draw(regular)
+    case = add_features(draw, case, spec, features, required_features)
+    drawn = dict(part.split("=", 1) for part in case.label.split())
+    shape = Shape(case.B, case.Sq, case.Sk, case.Hq, case.Hkv, case.D, case.Dv)
     parts = {
-        "dist": dist.name,
+        "dist": drawn.pop("dist"),
         "shape": shape_class(shape, spec.tile_n),
         "mask": mask_class(case),
-        "dtype": dtype,
+        "dtype": drawn.pop("dtype"),
     }
     for name, value in parts.items():
         event(f"{name}: {value}")
-    label = " ".join(f"{name}={value}" for name, value in parts.items())
+    found = case_features(case) if features or required_features else frozenset()
+    extras = [f"{key}={value}" for key, value in drawn.items()]
+    if found:
+        extras.append(f"features={'+'.join(sorted(found))}")
+    label = " ".join([*(f"{name}={value}" for name, value in parts.items()), *extras])
     case = dataclasses.replace(case, label=f"{label} tile_n={spec.tile_n}")
     coverage.record(case)
     return case
@@ -147,6 +186,8 @@ def attention_cases(
     distributions: Collection[str] | None = None,
     mask_kinds: Collection[str] | None = None,
     required_mask_kinds: Collection[str] = (),
+    features: Collection[str] | None = None,
+    required_features: Collection[str] = (),
 ) -> st.SearchStrategy[AttentionCase]:
     """Attention cases inside ``spec`` (None = the reference tiers, :data:`REFERENCE_SPEC`).
 
@@ -159,6 +200,13 @@ def attention_cases(
       ``max_batch``, ``max_heads``: at least 1.
     * ``distributions``: names from :data:`DISTRIBUTIONS` (default: all that the mask kinds
       allow; ``nonfinite_padding`` needs ``varlen``).
+    * ``features``: forward-surface features (:data:`FEATURES`: softcap, sink, hidden keys,
+      paged, splits, packed, varlen batches of 3+, long decode) that may be drawn, each about
+      one case in four (the two base features one in eight); default: every one a given
+      ``spec`` declares (:func:`spec_features`), none for ``spec=None``. varlen_batch and
+      long_decode need the default dtypes, head dims and distributions (they draw their own).
+      ``required_features``: features every case has. The label gains
+      ``features=<a+b>`` read from the finished case (:func:`case_features`).
 
     Bug classes: see each distribution's ``targets`` and :func:`masks`. Shrinks towards B=1,
     Sq=Sk=1, one head, no mask, the ``gaussian`` distribution, the first dtype, seed 0.
@@ -185,6 +233,14 @@ def attention_cases(
             f"required_mask_kinds={sorted(required)} must be a subset of mask_kinds={sorted(kinds)}"
         )
     max_len = min(4 * spec.tile_n + 1, spec.max_seqlen) if max_len is None else max_len
+    allowed, required_feats = _features(
+        spec,
+        kernel_alignment is not None,
+        kinds,
+        features,
+        required_features,
+        free=dtypes is None and head_dims is None and distributions is None,
+    )
     if distributions is None:
         names = tuple(
             n for n, d in DISTRIBUTIONS.items() if "varlen" in kinds or not d.needs_key_padding
@@ -198,7 +254,7 @@ def attention_cases(
     attention_shapes(
         spec=spec, max_len=max_len, max_batch=max_batch, max_heads=max_heads, head_dims=head_dims
     )  # validates the shape options now rather than at the first draw
-    strategy = _attention_cases(
+    regular = _regular_case(
         spec,
         kernel_alignment,
         chosen_dtypes,
@@ -210,7 +266,34 @@ def attention_cases(
         kinds,
         required,
     )
+    strategy = _attention_cases(regular, spec, max_len, allowed, required_feats)
     return strategy if kernel_alignment is None else strategy.filter(spec.supports)
+
+
+def _features(
+    spec: KernelSpec,
+    given_spec: bool,
+    kinds: frozenset[str],
+    features: Collection[str] | None,
+    required_features: Collection[str],
+    *,
+    free: bool,
+) -> tuple[tuple[str, ...], frozenset[str]]:
+    """The features ``attention_cases`` may draw and must draw, validated (docstring)."""
+    if features is None:
+        features = spec_features(spec) if given_spec else ()
+    allowed = check_features(spec, features, "features")
+    required = frozenset(check_features(spec, required_features, "required_features"))
+    masked = {"varlen_batch": "varlen" in kinds, "hidden": bool(kinds & {"window", "explicit"})}
+    unusable = [f for f in required if not masked.get(f, True) or (f in BASES and not free)]
+    if unusable or len(required & set(BASES)) > 1:
+        raise ValueError(
+            f"required_features={sorted(required)}: at most one of {list(BASES)}, which need "
+            "the default dtypes, head dims and distributions; varlen_batch needs 'varlen' and "
+            f"hidden a window or explicit mask in mask_kinds (not usable: {unusable})"
+        )
+    allowed = tuple(f for f in allowed if masked.get(f, True) and (f not in BASES or free))
+    return allowed, required
 
 
 @st.composite
@@ -238,11 +321,13 @@ def backward_cases(
     """
     names = tuple(GRADIENT_DISTRIBUTIONS) if do_distributions is None else tuple(do_distributions)
     gradient_distributions(names=names)  # validates the names now rather than at the first draw
-    return _backward_cases(attention_cases(**attention_options), names)
+    forward = attention_cases(**{"features": (), **attention_options})  # forward-only surface
+    return _backward_cases(forward, names)
 
 
 __all__ = [
     "DISTRIBUTIONS",
+    "FEATURES",
     "GRADIENT_DISTRIBUTIONS",
     "GradientDistribution",
     "REFERENCE_SPEC",
@@ -254,6 +339,7 @@ __all__ = [
     "attention_shapes",
     "backward_cases",
     "build_do",
+    "case_features",
     "gradient_distributions",
     "head_counts",
     "hidden_key_cases",
@@ -266,6 +352,7 @@ __all__ = [
     "scaled_scores",
     "score_distributions",
     "shape_class",
+    "spec_features",
     "splitkv_cases",
     "surface_cases",
     "tile_aware_lengths",

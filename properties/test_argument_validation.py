@@ -113,6 +113,23 @@ TABLE = [
         **CASE,
         mask=Mask(explicit=np.ones((3, 1, 1, 1), bool)),
     ),
+    # AttentionCase call options: page size, splits, layout
+    e(
+        AttentionCase,
+        "page_size=0 must be None (contiguous K/V) or an int >= 1",
+        **CASE,
+        page_size=0,
+    ),
+    e(AttentionCase, "page_size=2.0 must be None", **CASE, page_size=2.0),
+    e(AttentionCase, "num_splits=0 must be an int in [1, 256]", **CASE, num_splits=0),
+    e(AttentionCase, "num_splits=257 must be an int in [1, 256]", **CASE, num_splits=257),
+    e(AttentionCase, "num_splits=True must be an int", **CASE, num_splits=True),
+    e(
+        AttentionCase,
+        "layout='ragged' must be one of ['padded', 'packed']",
+        **CASE,
+        layout="ragged",
+    ),
     # Mask: windows, lengths, alignment, explicit
     e(Mask, "mask.window_left", window_left=-1),
     e(Mask, "mask.window_right", window_right=1.5),

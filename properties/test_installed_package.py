@@ -133,12 +133,13 @@ def test_the_installed_copy_is_the_one_imported(repository: pytest.Pytester, sit
 
 def test_correct_kernel_passes_from_its_kernel_folder(repository: pytest.Pytester) -> None:
     """The README's command, on the user's correct CPU kernel in their own ``kernel/``: the
-    free test and its 13 sweep pairs (every distribution but nonfinite_padding, causal)."""
+    free test, its 13 sweep pairs (every distribution but nonfinite_padding, causal) and its
+    one feature (long decode: its spec declares no option, no varlen and no window)."""
     result = repository.runpytest_subprocess(
         "-p", "no:cacheprovider", "--pyargs", "attention_crossval.properties", "-m", "kernel",
         "--kernel", "kernel.fa:correct", "--hypothesis-profile=ci",
     )  # fmt: skip
-    assert _outcomes(result) == {"passed": 14}
+    assert _outcomes(result) == {"passed": 15}
     result.stdout.fnmatch_lines(
         ["hypothesis profile: ci;*", "hypothesis seed: --hypothesis-seed=*"]
     )

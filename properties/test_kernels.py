@@ -6,11 +6,15 @@ it, every built-in GPU adapter whose package is installed, and without a GPU als
 ``spec.device``, so a CPU kernel runs under ``-m cpu`` with no CUDA. Each kernel runs in its own
 worker process, so a fault or hang is a finding for that case and the session goes on.
 
-Two tests per kernel: the free Hypothesis test, and a sweep over (score distribution, mask kind)
-pairs (``properties.coverage.sweep``) that makes every distribution and every declared mask kind
-appear in every run. A failure prints one compact summary (check, worst element, shape, mask,
-distribution, the saved ``.npz`` and its replay command), never the arrays; cases are seeded
-per kernel from the run's seed (``kernel_seed``).
+Three tests per kernel: the free Hypothesis test (which draws the forward-surface features the
+kernel declares: softcap, sinks, keys hidden behind masks, paged KV, split-KV, packed varlen,
+varlen batches of 3+, long decode), a sweep over (score distribution, mask kind) pairs
+(``properties.coverage.sweep``) that makes every distribution and every declared mask kind
+appear in every run, and a sweep over the declared features
+(``properties.coverage.feature_sweep``) that does the same for each feature. A failure prints
+one compact summary (check, worst element, shape, mask, distribution, the saved ``.npz`` and
+its replay command), never the arrays; cases are seeded per kernel from the run's seed
+(``kernel_seed``).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from attention_crossval.kernel.harness import CheckFailed, run_case
 from attention_crossval.kernel.known_findings import run_with_known, xfail_if_known
 from attention_crossval.kernel.registry import resolve
 from attention_crossval.kernel.spec import KernelSpec
-from attention_crossval.properties.coverage import coverage_key, sweep
+from attention_crossval.properties.coverage import coverage_key, feature_sweep, sweep
 from attention_crossval.properties.kernels_under_test import (
     chosen_kernels,
     close_workers,
@@ -34,7 +38,7 @@ from attention_crossval.properties.kernels_under_test import (
     worker,
 )
 from attention_crossval.properties.replay import reproducer_on_failure
-from attention_crossval.properties.strategies import attention_cases
+from attention_crossval.properties.strategies import attention_cases, case_features
 from attention_crossval.pytest_plugin import kernel_seed
 from attention_crossval.reference.case import AttentionCase, Mask
 
@@ -55,6 +59,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         pairs = [(k, *pair) for k in kernels for pair in sweep(kernel_spec(k))]
         params = [kernel_param(k, d, m, id=f"{k}-{d}-{m}") for k, d, m in pairs]
         metafunc.parametrize(("kernel", "distribution", "mask_kind"), params)
+    elif "feature" in metafunc.fixturenames:
+        pairs = [(k, f) for k in kernels for f in feature_sweep(kernel_spec(k))]
+        params = [kernel_param(k, f, id=f"{k}-{f}") for k, f in pairs]
+        metafunc.parametrize(("kernel", "feature"), params)
     else:
         metafunc.parametrize("kernel", [kernel_param(k, id=k) for k in kernels])
 
@@ -140,6 +148,29 @@ def test_kernel_sweep_passes_every_check(
     for case in ran:  # the pair was really drawn (the sweep's coverage claim)
         drawn = coverage_key(case)[2]
         assert drawn == distribution and set(required) <= case.mask.kinds, case.describe()
+
+
+def test_kernel_feature_passes_every_check(
+    kernel: str, feature: str, request: pytest.FixtureRequest
+) -> None:
+    """One declared forward-surface feature, on every case (Hypothesis' simplest first, e.g. a
+    single query over 4096 keys with GQA for ``long_decode``): together they put every feature
+    the kernel declares in front of it in every run, the ``hidden-nan`` check included where
+    the adapter opts in (keys hidden by a window where the kernel has no explicit masks)."""
+    spec = kernel_spec(kernel)
+    window = feature == "hidden" and "explicit" not in spec.mask_kinds
+    strategy = attention_cases(
+        spec=spec,
+        max_len=_max_len(spec),
+        required_features=[feature],
+        required_mask_kinds=("window",) if window else (),
+    )
+    ran = _run_property(
+        kernel, request.config, strategy, _settings_for(spec, max_examples=SWEEP_EXAMPLES)
+    )
+    assert ran, f"{kernel} declined every {feature} case drawn"
+    for case in ran:  # the feature was really drawn (the sweep's coverage claim)
+        assert feature in case_features(case), case.describe()
 
 
 def _ramp_case(

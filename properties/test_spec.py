@@ -7,13 +7,15 @@ fragment)`` rows; each row would, before the validation, have been accepted and 
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any
 
+import numpy as np
 import pytest
 
 from attention_crossval.kernel.spec import KernelSpec
-from attention_crossval.reference.case import CausalAlignment
+from attention_crossval.reference.case import AttentionCase, CausalAlignment
 from attention_crossval.reference.precision import StreamingPrecision
 
 pytestmark = pytest.mark.cpu
@@ -36,6 +38,14 @@ ROWS: list[tuple[dict[str, Any], str]] = [
     ({"mask_kinds": "causal"}, "spec.mask_kinds='causal' must be a set"),
     ({"head_dims": 64}, "spec.head_dims=64 must be a set"),
     ({"head_dims_v": 64}, "spec.head_dims_v=64 must be a set"),
+    ({"paged": "yes"}, "spec.paged='yes' must be a bool"),
+    ({"max_splits": 0}, "spec.max_splits=0 must be an int in [1, 256]"),
+    ({"max_splits": 257}, "spec.max_splits=257 must be an int in [1, 256]"),
+    ({"layouts": "packed"}, "spec.layouts='packed' must be a non-empty set"),
+    ({"layouts": frozenset({"ragged"})}, "a subset of ['padded', 'packed']"),
+    ({"layouts": frozenset()}, "must be a non-empty set"),
+    ({"tanh_error_ulp": -1}, "spec.tanh_error_ulp=-1 must be a float in [0, 2^20)"),
+    ({"kv_blocks": {128: 0}}, "spec.kv_blocks={128: 0} must be a dict head dim D -> K block"),
 ]
 
 
@@ -56,3 +66,29 @@ def test_well_formed_spec_is_accepted() -> None:
         head_dims_v=None,
     )
     assert spec.precision_for("float16") is FA16
+
+
+def test_call_options_outside_the_declaration_are_refused_with_a_reason() -> None:
+    """A case using a call option the spec does not declare is unsupported, and says which."""
+    q = np.zeros((1, 4, 1, 64), np.float16)
+    case = AttentionCase(q, q, q)
+    plain = KernelSpec(name="k")
+    wide = KernelSpec(name="k", paged=True, max_splits=4, layouts=("padded", "packed"))
+    for options, reason in (
+        (dict(page_size=3), "paged KV (page_size) not supported"),
+        (dict(num_splits=2), "num_splits=2 above max_splits=1"),
+        (dict(layout="packed"), "layout 'packed' not in ['padded']"),
+    ):
+        with_option = dataclasses.replace(case, **options)
+        assert plain.unsupported(with_option) == reason
+        assert wide.unsupported(with_option) is None
+    assert wide.unsupported(dataclasses.replace(case, num_splits=5)) == (
+        "num_splits=5 above max_splits=4"
+    )
+
+
+def test_kv_blocks_choose_the_bound_block_per_head_dim() -> None:
+    q = np.zeros((1, 4, 1, 256), np.float16)
+    spec = KernelSpec(name="k", head_dims=(64, 256), kv_blocks={256: 16})
+    assert spec.block_n_for(AttentionCase(q, q, q)) == 16
+    assert spec.block_n_for(AttentionCase(q[..., :64], q[..., :64], q[..., :64])) == 128

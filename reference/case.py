@@ -18,6 +18,11 @@ import numpy as np
 # each): 2**28 is 2 GiB as float64, ten times the largest preset; beyond it the tiers' float64
 # copies exhaust a workstation, so it is refused up front instead of failing with MemoryError.
 MAX_ELEMENTS = 1 << 28
+# Most splits a split-KV case may ask for (flash_attn.cute's combine takes at most 256).
+MAX_SPLITS = 256
+# How a kernel is handed q, k, v: padded [B, S, H, X] with valid lengths, or packed varlen
+# (concatenated valid rows and cu_seqlens offsets, reference/varlen.py).
+LAYOUTS = ("padded", "packed")
 # Largest window, in keys: windows wider than any sequence mean "unbounded" (use None); the bound
 # keeps ``i + offset +- window`` inside int64 in every tier.
 MAX_WINDOW = (1 << 31) - 1
@@ -160,6 +165,19 @@ class AttentionCase:
     * ``sink``: float32 ``[Hq]``, one extra logit per query head in the softmax denominator that
       carries no value (natural-log units: neither scaled nor capped). A row that sees no key
       then has ``O = 0`` and ``lse = sink[h]``. None = no sink.
+
+    Call options: how the kernel is called, not what it computes (docs/forward-surface.md,
+    "Call options"). The exact tier ignores them; the split-KV bound and emulation read
+    ``num_splits``; an adapter builds the layout from the logical q, k, v
+    (:mod:`kernel.call_options`):
+
+    * ``page_size``: K/V handed over in pages of this many keys through a page table
+      (:func:`reference.paged.page_kv`). None = contiguous K/V.
+    * ``num_splits``: the keys split over this many partial results and a combine
+      (:mod:`reference.splitkv`); 1 = no split.
+    * ``layout``: ``"padded"`` (``[B, S, H, X]`` with valid lengths) or ``"packed"`` (the valid
+      rows concatenated with ``cu_seqlens``, :mod:`reference.varlen`; with ``page_size`` only q
+      is packed and K/V come through the pages).
     """
 
     q: np.ndarray
@@ -170,6 +188,9 @@ class AttentionCase:
     label: str = ""
     softcap: float | None = None
     sink: np.ndarray | None = None
+    page_size: int | None = None
+    num_splits: int = 1
+    layout: str = "padded"
 
     def __post_init__(self) -> None:
         for name in ("q", "k", "v"):
@@ -197,6 +218,7 @@ class AttentionCase:
         self._check_scale()
         self._check_mask()
         self._check_surface()
+        self._check_call_options()
         for name in ("q", "k", "v"):
             array = np.array(getattr(self, name), copy=True)
             array.setflags(write=False)
@@ -286,6 +308,26 @@ class AttentionCase:
             sink32.setflags(write=False)
             object.__setattr__(self, "sink", sink32)
 
+    def _check_call_options(self) -> None:
+        page_size, num_splits = self.page_size, self.num_splits
+        if page_size is not None and (not _is_int(page_size) or page_size < 1):
+            raise ValueError(
+                f"page_size={page_size!r} must be None (contiguous K/V) or an int >= 1"
+            )
+        if not _is_int(num_splits) or not 1 <= num_splits <= MAX_SPLITS:
+            raise ValueError(f"num_splits={num_splits!r} must be an int in [1, {MAX_SPLITS}]")
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout={self.layout!r} must be one of {list(LAYOUTS)}")
+        object.__setattr__(self, "page_size", None if page_size is None else int(page_size))
+        object.__setattr__(self, "num_splits", int(num_splits))
+
+    @property
+    def call_options(self) -> frozenset[str]:
+        """The call options in use: a subset of {paged, splits, packed}."""
+        options = {"paged"} if self.page_size is not None else set()
+        options |= {"splits"} if self.num_splits > 1 else set()
+        return frozenset(options | ({"packed"} if self.layout == "packed" else set()))
+
     def _check_finite(self) -> None:
         for name, lengths in (
             ("q", self.mask.q_lengths),
@@ -347,6 +389,9 @@ class AttentionCase:
         mask = self.mask.describe()
         surface = "" if self.softcap is None else f" softcap={self.softcap:.6g}"
         surface += "" if self.sink is None else f" sink={self.sink.tolist()}"
+        surface += "" if self.page_size is None else f" page_size={self.page_size}"
+        surface += "" if self.num_splits == 1 else f" num_splits={self.num_splits}"
+        surface += "" if self.layout == "padded" else f" layout={self.layout}"
         scale = f"scale={self.softmax_scale:.6g}"
         return f"{shape} {self.dtype} mask={mask} {scale}{surface}{label}"
 
@@ -365,6 +410,12 @@ class AttentionCase:
             extras["softcap"] = self.softcap
         if self.sink is not None:
             extras["sink"] = self.sink
+        if self.page_size is not None:
+            extras["page_size"] = self.page_size
+        if self.num_splits != 1:
+            extras["num_splits"] = self.num_splits
+        if self.layout != "padded":
+            extras["layout"] = self.layout
         np.savez_compressed(
             path,
             **arrays,
@@ -411,6 +462,9 @@ class AttentionCase:
                 str(data["label"]),
                 softcap=float(data["softcap"]) if "softcap" in data else None,
                 sink=data["sink"] if "sink" in data else None,
+                page_size=int(data["page_size"]) if "page_size" in data else None,
+                num_splits=int(data["num_splits"]) if "num_splits" in data else 1,
+                layout=str(data["layout"]) if "layout" in data else "padded",
             )
 
 

@@ -20,6 +20,7 @@ so it is counted once; with split 0 empty, that split's ``LSE_0`` is the sink.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import numpy as np
 
@@ -61,9 +62,14 @@ def splitkv_attention(
     block_m: int = 128,
     block_n: int = 128,
     num_splits: int = 1,
+    combine_partials: Callable[[np.ndarray, np.ndarray, np.dtype], tuple] = combine,
+    trace: TraceRecorder | None = None,
 ) -> AttentionResult:
     """:func:`reference.streaming.streaming_attention` split over the keys into ``num_splits``
-    partial results and combined; ``num_splits = 1`` is the plain loop."""
+    partial results and combined by ``combine_partials`` (:func:`combine`; a deliberately
+    broken CPU kernel in ``kernel/broken`` swaps in its own); ``num_splits = 1`` is the plain
+    loop. ``trace`` records the running-max updates of every split (a split's first block
+    is no rescale)."""
     for name, value in (("block_m", block_m), ("block_n", block_n), ("num_splits", num_splits)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
             raise ValueError(f"{name}={value!r} must be an int >= 1")
@@ -71,7 +77,8 @@ def splitkv_attention(
         raise ValueError(f"precision must be a StreamingPrecision, got {type(precision).__name__}")
     without_sink = dataclasses.replace(case, sink=None)  # splits after the first
     accum = np.dtype(precision.accum_dtype)
-    no_trace = TraceRecorder()
+    trace = TraceRecorder() if trace is None else trace
+    trace.start(case)
     o = np.zeros((case.B, case.Sq, case.Hq, case.Dv))
     lse = np.full((case.B, case.Hq, case.Sq), -np.inf)  # empty rows, padded queries included
     if case.sink is not None:  # ... have the sink as their LSE
@@ -83,12 +90,12 @@ def splitkv_attention(
                 rows = slice(m0, min(m0 + block_m, case.q_length(b)))
                 parts = [
                     _attend_row_block(
-                        case if s == 0 else without_sink, b, h, rows, blocks, precision, no_trace
+                        case if s == 0 else without_sink, b, h, rows, blocks, precision, trace
                     )
                     for s, blocks in enumerate(splits)
                 ]
                 o_parts = np.stack([part[0] for part in parts])  # partial O_s, accumulator dtype
                 lse_parts = np.stack([part[1] for part in parts])  # partial LSE_s
-                O, lse[b, h, rows] = combine(o_parts, lse_parts, accum)
+                O, lse[b, h, rows] = combine_partials(o_parts, lse_parts, accum)
                 o[b, rows, h, :] = round_to(O, precision.output_dtype or precision.accum_dtype)
     return AttentionResult(o=o, lse=lse)

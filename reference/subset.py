@@ -11,6 +11,7 @@ full-shape arrays with NaN on the rows not evaluated, which ``reference.compare`
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,16 +44,7 @@ class RowSubset:
         if q_lengths is not None:  # sorted positions: the valid rows of batch b come first
             q_lengths = tuple(int(np.sum(positions < n)) for n in q_lengths)
         mask = Mask(q_lengths=q_lengths, k_lengths=full.mask.k_lengths, explicit=seen)
-        sub = AttentionCase(
-            full.q[:, positions],
-            full.k,
-            full.v,
-            full.softmax_scale,
-            mask,
-            full.label,
-            softcap=full.softcap,
-            sink=full.sink,
-        )
+        sub = dataclasses.replace(full, q=full.q[:, positions], mask=mask)
         return cls(full, positions, sub)
 
     def row_mask(self) -> np.ndarray:

@@ -28,6 +28,8 @@ from attention_crossval.properties._strategies.scores import DISTRIBUTIONS, Buil
 from attention_crossval.properties._strategies.shapes import Shape
 from attention_crossval.reference.case import (
     INPUT_DTYPES,
+    LAYOUTS,
+    MAX_SPLITS,
     AttentionCase,
     CausalAlignment,
     Mask,
@@ -45,7 +47,7 @@ MASK_KINDS = (
 )
 # Recipe fields added after reports existed: left out of fields() while None, so older recipes
 # keep their digest (resume keys) and their inputs (the NumPy seed hashes the recipe).
-_OPTIONAL = ("Dv", "softmax_scale", "softcap", "sink")
+_OPTIONAL = ("Dv", "softmax_scale", "softcap", "sink", "page_size", "num_splits", "layout")
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,10 @@ class Config:
     * ``softcap``: the case's softcap (None = none); ``sink``: one sink logit for every query
       head, rounded to float32 (None = none). Left out of :meth:`fields` when None, so configs
       without them keep their digests and inputs.
+    * Call options, as ``AttentionCase`` has them (left out of :meth:`fields` when None, too):
+      ``page_size`` (None: contiguous K/V), ``num_splits`` (None: 1), ``layout`` (None:
+      "padded"; or "packed"). A kernel that does not declare one records the config as
+      unsupported.
     * ``name``: unique within a report; derived from the fields when left empty.
     """
 
@@ -85,6 +91,9 @@ class Config:
     name: str = ""
     softcap: float | None = None
     sink: float | None = None
+    page_size: int | None = None
+    num_splits: int | None = None
+    layout: str | None = None
 
     def __post_init__(self) -> None:
         # isinstance first: a list or dict value would make the membership tests raise TypeError.
@@ -140,6 +149,20 @@ class Config:
                 raise ValueError(f"config.{key}={value!r} must be None or a finite number {rule}")
         if self.sink is not None and abs(self.sink) > float(np.finfo(np.float32).max):
             raise ValueError(f"config.sink={self.sink!r} must be within the float32 range")
+        for key, low, high in (("page_size", 1, None), ("num_splits", 1, MAX_SPLITS)):
+            value = getattr(self, key)
+            if value is not None and (
+                not isinstance(value, int)
+                or isinstance(value, bool)
+                or value < low
+                or (high is not None and value > high)
+            ):
+                rule = f"an int in [{low}, {high}]" if high else f"an int >= {low}"
+                raise ValueError(f"config.{key}={value!r} must be None or {rule}")
+        if self.layout is not None and self.layout not in LAYOUTS:
+            raise ValueError(
+                f"config.layout={self.layout!r} must be None or one of {list(LAYOUTS)}"
+            )
         if not isinstance(self.name, str):
             raise ValueError(f"config.name={self.name!r} must be a string (empty: derived)")
         if not self.name:
@@ -149,6 +172,9 @@ class Config:
             name += "" if self.softmax_scale is None else f"-scale{self.softmax_scale:g}"
             name += "" if self.softcap is None else f"-cap{self.softcap:g}"
             name += "" if self.sink is None else f"-sink{self.sink:g}"
+            name += "" if self.page_size is None else f"-page{self.page_size}"
+            name += "" if self.num_splits is None else f"-splits{self.num_splits}"
+            name += "" if self.layout is None else f"-{self.layout}"
             object.__setattr__(self, "name", name if self.seed == 0 else f"{name}-s{self.seed}")
 
     def fields(self) -> dict:
@@ -192,6 +218,9 @@ class Config:
             label=f"report:{self.name}",
             softcap=self.softcap,
             sink=sink,
+            page_size=self.page_size,
+            num_splits=self.num_splits or 1,
+            layout=self.layout or "padded",
         )
 
 
@@ -217,6 +246,9 @@ class SampledConfig:
             "Hkv": case.Hkv,
             "Dv": case.Dv,
             "softmax_scale": case.softmax_scale,
+            "page_size": case.page_size,
+            "num_splits": case.num_splits,
+            "layout": case.layout,
             "mask": "+".join(sorted(case.mask.kinds)) or "none",
             "distribution": _label_part(case.label, "dist") or self.distribution,
             "seed": None,
@@ -311,6 +343,35 @@ _CPU_DISTS = ("gaussian", "ramp", "near_ties", "large_v", "last_block_spike", "s
 # causal-top-left: torch SDPA's is_causal diagonal, so SDPA backends get causal cases with Sq != Sk.
 _GPU_MASKS = ("none", "causal", "causal-top-left", "window", "varlen")
 
+
+def _surface() -> list[Config]:
+    """The forward surface on GPU-sized shapes: each config of a small grid (long decode with
+    GQA, a varlen batch of 3 with an empty sequence, prefill) takes one option in turn:
+    softcap, sink, page sizes off and on the 128 tile, split-KV, packed, paged and packed."""
+    options = [
+        {"softcap": 30.0},
+        {"sink": 2.0},
+        {"page_size": 16},
+        {"page_size": 128},
+        {"num_splits": 3},
+        {"layout": "packed"},
+        {"page_size": 64, "layout": "packed"},
+        {"softcap": 5.0, "sink": -1.0, "layout": "packed"},
+    ]
+    base = grid(
+        dtypes=["bfloat16", "float16"],
+        head_dims=[64, 128],
+        lengths=[(1, 4097), (100, 300), (255, 1025)],
+        masks=["causal", "window", "varlen-causal"],
+        distributions=["gaussian", "ramp", "near_ties"],
+        heads=[(4, 1), (8, 2)],
+    )
+    return [
+        dataclasses.replace(config, name="", **options[index % len(options)])
+        for index, config in enumerate(base)
+    ]
+
+
 PRESETS: dict[str, Callable[[], list[Config]]] = {
     # Smoke test: two tiny configs (tests and a first look).
     "tiny": lambda: grid(
@@ -349,6 +410,8 @@ PRESETS: dict[str, Callable[[], list[Config]]] = {
         distributions=_CPU_DISTS,
         heads=[(8, 2), (8, 8)],
     ),
+    # softcap, sinks, paged KV, split-KV and packed varlen (kernels that lack one: unsupported)
+    "surface": _surface,
 }
 
 

@@ -174,8 +174,9 @@ def _evaluate_kernel(config, case, kernel: Kernel, options, context: CaseReferen
         return _failed_record(config, kernel, options, "error", message, findings)
     actual = verdict.result
     precision = spec.precision_for(case.dtype)
-    bound, _ = context.bounds(precision, spec.tile_n)
-    streamed, rescales = context.streaming(precision, spec.tile_m, spec.tile_n)
+    block_n = spec.block_n_for(context.case)
+    bound, _ = context.bounds(precision, block_n, tanh_error_ulp=spec.tanh_error_ulp)
+    streamed, rescales = context.streaming(precision, spec.tile_m, block_n)
     exact = context.exact() if "exact" in options.tiers else None
     rows = context.sampled_rows() if exact is not None else None
     pairs = {}

@@ -126,18 +126,68 @@ GUARDED_CHECKS = frozenset(
 )
 
 
+def int32_tensor(values: Any, device: str = "cuda") -> Any:
+    """An int32 device tensor (offsets, lengths, a page table)."""
+    import torch
+
+    return torch.as_tensor(np.asarray(values, dtype=np.int32), device=device)
+
+
+def float32_tensor(values: Any, device: str = "cuda") -> Any:
+    """A float32 device tensor (e.g. a learnable sink per head)."""
+    import torch
+
+    return torch.as_tensor(np.asarray(values, dtype=np.float32), device=device)
+
+
+def call_tensors(case: AttentionCase, device: str = "cuda") -> tuple[Any, Any, Any, dict]:
+    """``(q, k, v, options)`` on ``device`` in the layout the case's call options ask for
+    (:mod:`kernel.call_options`): padded ``[B, S, H, X]`` views, or packed ``[total, H, X]``
+    views (NaN guard bands along the rows either way), or K/V pages ``[num_pages, page_size,
+    H, X]`` (NaN-poisoned unused pages, no guard band). ``options`` holds what the layout adds,
+    named as flash_attn.cute names them: ``cu_seqlens_q/k`` and ``max_seqlen_q/k`` (packed),
+    ``page_table`` and ``seqused_k`` (paged); empty for a plain case."""
+    from attention_crossval.kernel.call_options import packed_layout, paged_layout
+
+    packed, paged = packed_layout(case), paged_layout(case)
+    options: dict[str, Any] = {}
+    if packed is None:
+        q = to_device(case.q, device)
+    else:
+        q = to_device(packed.q[None], device)[0]
+        options |= {"cu_seqlens_q": int32_tensor(packed.cu_seqlens_q, device)}
+        options |= {"max_seqlen_q": packed.max_seqlen_q}
+    if paged is not None:
+        k, v = (to_device(pages, device, guard=0) for pages in (paged.k_pages, paged.v_pages))
+        options |= {"page_table": int32_tensor(paged.page_table, device)}
+        options |= {"seqused_k": int32_tensor(paged.k_lengths, device)}
+    elif packed is not None:
+        k, v = (to_device(x[None], device)[0] for x in (packed.k, packed.v))
+        options |= {"cu_seqlens_k": int32_tensor(packed.cu_seqlens_k, device)}
+        options |= {"max_seqlen_k": packed.max_seqlen_k}
+    else:
+        k, v = to_device(case.k, device), to_device(case.v, device)
+    return q, k, v, options
+
+
 class GuardedOutputsAdapter:
     """Base for adapters whose kernel writes into caller-allocated ``o`` / ``lse``.
 
     That is what lets the harness prefill the outputs (NaN or zero) and surround them and the
     inputs with guard bands (:data:`GUARDED_CHECKS`). Subclasses provide ``spec`` and
-    :meth:`launch`; the device transfers, guards and synchronisation live here, once.
+    :meth:`launch`; the device transfers, guards and synchronisation live here, once. A case
+    with call options (declared by the spec) is handed over in their layout
+    (:func:`call_tensors`), its outputs packed ``o [total_q, Hq, Dv]`` / ``lse [Hq, total_q]``
+    for ``layout="packed"``, and ``launch`` gets the layout's tensors as keywords.
     """
 
     checks: frozenset[str] = GUARDED_CHECKS
 
-    def launch(self, case: AttentionCase, q: Any, k: Any, v: Any, out: Any, lse: Any) -> None:
-        """Run the kernel on guarded device views ``q, k, v``, writing ``out`` and ``lse``."""
+    def launch(
+        self, case: AttentionCase, q: Any, k: Any, v: Any, out: Any, lse: Any, **layout: Any
+    ) -> None:
+        """Run the kernel on guarded device views ``q, k, v``, writing ``out`` and ``lse``;
+        ``layout`` holds the call options' tensors (:func:`call_tensors`)."""
         raise NotImplementedError
 
     def __call__(self, case: AttentionCase) -> AttentionResult:
@@ -149,15 +199,29 @@ class GuardedOutputsAdapter:
         """One launch with ``prefill``ed outputs; returns the result and any guard writes."""
         import torch
 
-        q, k, v = (to_device(getattr(case, n)) for n in "qkv")
-        out = GuardedOutput.allocate(
-            (case.B, case.Sq, case.Hq, case.Dv), case.dtype, axis=1, prefill=prefill
-        )
-        lse = GuardedOutput.allocate((case.B, case.Hq, case.Sq), "float32", axis=2, prefill=prefill)
-        self.launch(case, q, k, v, out.view, lse.view)
+        from attention_crossval.reference.varlen import unpack_result
+
+        q, k, v, layout = call_tensors(case)
+        if case.layout == "packed":
+            total_q = q.shape[0]
+            out = GuardedOutput.allocate(
+                (total_q, case.Hq, case.Dv), case.dtype, axis=0, prefill=prefill
+            )
+            lse = GuardedOutput.allocate((case.Hq, total_q), "float32", axis=1, prefill=prefill)
+        else:
+            out = GuardedOutput.allocate(
+                (case.B, case.Sq, case.Hq, case.Dv), case.dtype, axis=1, prefill=prefill
+            )
+            lse = GuardedOutput.allocate(
+                (case.B, case.Hq, case.Sq), "float32", axis=2, prefill=prefill
+            )
+        self.launch(case, q, k, v, out.view, lse.view, **layout)
         torch.cuda.synchronize()
         writes = tuple(out.guard_writes("o") + lse.guard_writes("lse"))
-        return AttentionResult(o=to_host(out.view), lse=to_host(lse.view)), writes
+        o_host, lse_host = to_host(out.view), to_host(lse.view)
+        if case.layout == "packed":
+            return unpack_result(case, o_host, lse_host), writes
+        return AttentionResult(o=o_host, lse=lse_host), writes
 
 
 def float64_reference(case: AttentionCase, device: str = "cuda") -> AttentionResult:

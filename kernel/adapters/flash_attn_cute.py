@@ -14,6 +14,24 @@ every row of that batch; large finite values do not.
 The call goes through ``flash_attn.cute.interface._flash_attn_fwd`` (private) because only it
 takes ``out=`` / ``lse=``: that is what lets the harness prefill outputs with NaN and surround
 them with guard bands. The public ``flash_attn_varlen_func`` computes the same thing.
+
+The forward surface, as flash-attn-4 4.0.0b36's ``interface.py`` takes it (declared, not yet
+run on the H200):
+
+* ``softcap``: turned into a ``score_mod`` (``cap * tanh(scale * s / cap)``, the scale first);
+  its tanh is ``tanh.approx.f32`` (relative error about 2^-11), so ``tanh_error_ulp=4096``;
+* ``learnable_sink``: float32 ``[Hq]``; empty rows get LSE = sink;
+* paged KV: ``page_table`` int32 ``[B, max_pages]`` over K/V pages ``[num_pages, page_size,
+  Hkv, D]``, the lengths as ``seqused_k`` (not with ``cu_seqlens_k``: a paged and packed case
+  packs q only); a page size other than the K tile takes the cp.async path instead of TMA;
+* packed varlen: ``cu_seqlens_q/k`` and ``max_seqlen_q/k``, outputs ``[total_q, Hq, Dv]`` and
+  ``lse [Hq, total_q]``;
+* ``num_splits``: refused on SM90 ("SplitKV not supported on SM 9.0"), so declared only on SM100;
+* head dims: on SM90 any D and Dv in 8..256 divisible by 8 (declared 64, 96, 128, 192, 256 for
+  both); on SM100 8..128 (and the pairs (192, 128), (256, 256), which a spec's independent D and
+  Dv sets cannot express: declared 64 and 128 with Dv = D). SM90's K tile depends on D (128 for
+  D <= 64 and D = 128; 144 or 128 for 96; 128, 112 or 96 for 192; 80 or 64 for 256), so the
+  bound counts K blocks of 16, a divisor of every one of them (``kv_blocks``).
 """
 
 from __future__ import annotations
@@ -27,12 +45,40 @@ from attention_crossval.kernel.known_findings import KnownFinding
 from attention_crossval.kernel.spec import KernelSpec
 from attention_crossval.reference.case import AttentionCase, CausalAlignment
 
+# SM90's K tile per D (interface._tile_size_fwd_sm90): a D with several tiles gets 16, which
+# divides them all, so every tile edge is a block edge of the bound.
+_SM90_HEAD_DIMS = frozenset({64, 96, 128, 192, 256})
+_SM90_KV_BLOCKS = {96: 16, 192: 16, 256: 16}
+_SM100_MAX_SPLITS = 16  # an upper end to draw from; the combine takes up to 256
+
+
+def _compute_major() -> int:
+    """The GPU's compute capability major (9 = Hopper, 10 = Blackwell); 9 without a GPU,
+    where the spec only names the kernel's tests."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_capability()[0]
+    except ImportError:
+        pass
+    return 9
+
 
 def _spec() -> KernelSpec:
+    sm90 = _compute_major() == 9
     return KernelSpec(
         name="flash-attn-cute",
         dtypes=frozenset({"float16", "bfloat16"}),
-        head_dims=frozenset({64, 128}),
+        head_dims=_SM90_HEAD_DIMS if sm90 else frozenset({64, 128}),
+        head_dims_v=_SM90_HEAD_DIMS if sm90 else None,
+        kv_blocks=_SM90_KV_BLOCKS if sm90 else {},
+        softcap=True,
+        tanh_error_ulp=4096.0,
+        sink=True,
+        paged=True,
+        max_splits=1 if sm90 else _SM100_MAX_SPLITS,
+        layouts=frozenset({"padded", "packed"}),
         mask_kinds=frozenset({"causal", "window", "varlen"}),
         causal_alignment=CausalAlignment.BOTTOM_RIGHT,
         gqa=True,
@@ -69,21 +115,38 @@ class FlashAttnCuteAdapter(CuteBackward, _torch.GuardedOutputsAdapter):
     backward, :class:`~kernel.adapters.flash_attn_cute_backward.CuteBackward`)."""
 
     spec: KernelSpec = field(default_factory=_spec)
+    # NaN in K/V that no query sees, too (kernel/hidden_nan.py): one more launch per case with
+    # hidden keys, which the GPU suite affords.
+    checks: frozenset[str] = _torch.GUARDED_CHECKS | {"hidden-nan"}
 
-    def launch(self, case: AttentionCase, q: Any, k: Any, v: Any, out: Any, lse: Any) -> None:
+    def launch(
+        self, case: AttentionCase, q: Any, k: Any, v: Any, out: Any, lse: Any, **layout: Any
+    ) -> None:
+        """One forward into ``out`` / ``lse``; ``layout`` holds a packed or paged case's
+        ``cu_seqlens_q/k``, ``max_seqlen_q/k``, ``page_table`` and ``seqused_k``
+        (``_torch.call_tensors``). A padded case passes its valid lengths as ``seqused_q/k``."""
         from flash_attn.cute.interface import _flash_attn_fwd
 
         mask = case.mask
+        lengths = {}  # packed: the offsets are the lengths (paged: seqused_k from the layout)
+        if case.layout == "padded":
+            lengths = {
+                "seqused_q": seqused(mask.q_lengths, q.device),
+                "seqused_k": seqused(mask.k_lengths, q.device),
+            }
+        sink = None if case.sink is None else _torch.float32_tensor(case.sink, q.device)
         _flash_attn_fwd(
             q,
             k,
             v,
-            seqused_q=seqused(mask.q_lengths, q.device),
-            seqused_k=seqused(mask.k_lengths, q.device),
+            **(lengths | layout),
             softmax_scale=case.softmax_scale,
             causal=mask.causal,
+            softcap=case.softcap,
             window_size_left=mask.window_left,
             window_size_right=mask.window_right,
+            learnable_sink=sink,
+            num_splits=case.num_splits,
             return_lse=True,
             out=out,
             lse=lse,

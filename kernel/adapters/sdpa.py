@@ -19,6 +19,9 @@ Conventions, declared rather than failed on:
   nonzero output (up to 0.5) for a row that a boolean mask hides entirely, where math and
   efficient give 0 (``empty-rows``). Its backward gives such a row the gradient of that
   output (``zero-grad``), and NaN everywhere when dO is 0 on the row (``nonfinite``).
+* The forward surface: SDPA has no softcap, no learnable sink, no paged KV, no split-KV and no
+  packed layout (nested tensors aside), so the specs declare none of them (the defaults): such
+  cases are never generated for these backends.
 * Outputs cannot be preallocated (no ``out=``), so the NaN-prefill and output guard-band checks
   do not apply; NaN padding, poisoned input guard bands, determinism and finiteness do.
 * Backward: autograd through the same call (``backward``); dk/dv of a GQA group are summed by

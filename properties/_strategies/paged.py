@@ -22,19 +22,30 @@ def _share_prefix(case: AttentionCase, page_size: int) -> AttentionCase:
     return dataclasses.replace(case, k=k, v=v)
 
 
+def page_sizes(tile_n: int) -> list[int]:
+    """Sorted page sizes around the kernel's K block: most do not divide it."""
+    return sorted({1, 3, tile_n // 2 + 1, tile_n - 1, tile_n, tile_n + 1, 2 * tile_n + 1} - {0})
+
+
+def with_pages(draw: st.DrawFn, case: AttentionCase, tile_n: int) -> AttentionCase:
+    """``case`` with a drawn ``page_size`` (in its label); batches 0 and 1 sometimes share
+    their common whole pages."""
+    page_size = draw(st.sampled_from(page_sizes(tile_n)))
+    if case.B >= 2 and draw(st.booleans()):
+        case = _share_prefix(case, page_size)
+    event(f"page_size vs tile: {'divides' if tile_n % page_size == 0 else 'does not divide'}")
+    label = f"{case.label} page_size={page_size}".strip()
+    return dataclasses.replace(case, page_size=page_size, label=label)
+
+
 @st.composite
 def _paged_cases(
     draw: st.DrawFn, base: st.SearchStrategy[AttentionCase], tile_n: int
 ) -> tuple[AttentionCase, PagedKV]:
-    case = draw(base)
-    sizes = {1, 3, tile_n // 2 + 1, tile_n - 1, tile_n, tile_n + 1, 2 * tile_n + 1} - {0}
-    page_size = draw(st.sampled_from(sorted(sizes)))
-    if case.B >= 2 and draw(st.booleans()):
-        case = _share_prefix(case, page_size)
-    paged = page_kv(case, page_size, seed=draw(st.integers(0, 2**32 - 1)))
-    event(f"page_size vs tile: {'divides' if tile_n % page_size == 0 else 'does not divide'}")
+    case = with_pages(draw, draw(base), tile_n)
+    paged = page_kv(case, case.page_size, seed=draw(st.integers(0, 2**32 - 1)))
     event(f"shared pages: {'yes' if paged.shared_pages else 'no'}")
-    return dataclasses.replace(case, label=f"{case.label} page_size={page_size}".strip()), paged
+    return case, paged
 
 
 def paged_cases(

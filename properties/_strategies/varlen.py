@@ -103,13 +103,22 @@ def varlen_batches(
 
 
 @st.composite
-def _long_decode(draw: st.DrawFn, spec: KernelSpec, min_keys: int, max_keys: int) -> AttentionCase:
-    Sq = draw(st.sampled_from([1, 1, 2, 16]))
+def _long_decode(
+    draw: st.DrawFn,
+    spec: KernelSpec,
+    min_keys: int,
+    max_keys: int,
+    max_head_dim: int,
+    max_queries: int,
+    max_heads: int,
+) -> AttentionCase:
+    Sq = draw(st.sampled_from([n for n in (1, 1, 2, 16) if n <= max_queries]))
     keys = {min_keys, min_keys + 1, max_keys, (min_keys + max_keys) // 2}
     Sk = draw(st.sampled_from(sorted(n for n in keys if n <= max_keys)))
-    pairs = [(hq, hkv) for hq, hkv in [(4, 1), (8, 2), (2, 1)] if spec.gqa] or [(2, 2)]
+    pairs = [(hq, hkv) for hq, hkv in [(4, 1), (8, 2), (2, 1)] if spec.gqa and hq <= max_heads]
+    pairs = pairs or [(2, 2)]
     Hq, Hkv = draw(st.sampled_from(pairs))
-    D, Dv = _head_dims(draw, spec, 64)
+    D, Dv = _head_dims(draw, spec, max_head_dim)
     causal = "causal" in spec.mask_kinds and draw(st.booleans())
     shape = Shape(1, Sq, Sk, Hq, Hkv, D, Dv)
     event(f"long decode: Sq={Sq} Sk={Sk} Hq/Hkv={Hq // Hkv}")
@@ -117,13 +126,24 @@ def _long_decode(draw: st.DrawFn, spec: KernelSpec, min_keys: int, max_keys: int
 
 
 def long_decode_cases(
-    *, spec: KernelSpec, min_keys: int = 4096, max_keys: int | None = None
+    *,
+    spec: KernelSpec,
+    min_keys: int = 4096,
+    max_keys: int | None = None,
+    max_head_dim: int = 64,
+    max_queries: int = 16,
+    max_heads: int = 8,
 ) -> st.SearchStrategy[AttentionCase]:
-    """One batch of Sq in {1, 2, 16} queries over ``min_keys``..``max_keys`` keys (default up to
-    ``spec.max_seqlen``, at least 16k where it allows), GQA ratios 2 and 4 where declared."""
+    """One batch of Sq in {1, 2, 16} queries (at most ``max_queries``) over
+    ``min_keys``..``max_keys`` keys (default up to ``spec.max_seqlen``, at least 16k where it
+    allows), GQA ratios 2 and 4 where declared (at most ``max_heads`` query heads), D at most
+    ``max_head_dim`` where the spec allows. The cost grows with the keys only."""
     max_keys = min(spec.max_seqlen, max(16384, min_keys)) if max_keys is None else max_keys
     if not (isinstance(min_keys, int) and 1 <= min_keys <= max_keys <= spec.max_seqlen):
         raise ValueError(
             f"min_keys={min_keys!r} <= max_keys={max_keys!r} must lie in [1, spec.max_seqlen]"
         )
-    return _long_decode(spec, min_keys, max_keys)
+    for name, value in (("max_queries", max_queries), ("max_heads", max_heads)):
+        if not isinstance(value, int) or value < 2:
+            raise ValueError(f"{name}={value!r} must be an int >= 2")
+    return _long_decode(spec, min_keys, max_keys, max_head_dim, max_queries, max_heads)

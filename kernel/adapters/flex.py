@@ -1,0 +1,159 @@
+"""torch FlexAttention (``torch.nn.attention.flex_attention``), compiled with ``torch.compile``.
+
+Masks go through a ``mask_mod`` built from the case's mask (causal in either alignment, window,
+valid lengths, explicit mask as a captured boolean tensor) and ``create_block_mask``; softcap is
+a ``score_mod`` on the scaled score, ``cap * tanh(score / cap)`` (FlexAttention scales before
+``score_mod``, so the scale enters first, as the case model says); GQA is ``enable_gqa``; the
+LSE comes back through ``return_aux=AuxRequest(lse=True)`` (the successor of the deprecated
+``return_lse=True``) in natural log.
+
+Declared, not yet run on the H200:
+
+* the precision chain is FlashAttention's (fp32 scores, exp2 with the scale folded, P rounded to
+  the input dtype before P V, the row sum of the unrounded P) without FA4's rescale threshold;
+* its K block depends on the GPU and the head dim (32, 64 or 128), so the bound counts K blocks
+  of 16 (``kv_blocks``), which divides each;
+* its tanh is whatever Inductor lowers ``torch.tanh`` to; declared at ``tanh_error_ulp=4096``
+  (``tanh.approx.f32``'s) until measured;
+* no learnable sink (a sink would need an extra key column the adapter appends, which would test
+  the adapter's arithmetic as much as the kernel's), no paged KV, no split-KV, no packed layout.
+
+``spec.device`` is where the tensors go: "cuda" for the registered kernel; a "cpu" copy
+(:func:`on_cpu`) runs the adapter's code (masks, softcap, GQA, LSE) through FlexAttention's
+uncompiled path, which materializes the scores: Inductor's CPU backend does not return the LSE
+(torch 2.13: "torch.compile on CPU only supports inference and `return_lse` is not supported
+yet"). Only the CUDA kernel is the kernel under test.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from attention_crossval.kernel.adapters import _torch
+from attention_crossval.kernel.spec import MASK_KINDS, KernelSpec
+from attention_crossval.reference.case import AttentionCase, AttentionResult, CausalAlignment
+from attention_crossval.reference.precision import StreamingPrecision
+
+_HALVES = ("float16", "bfloat16")
+_HEAD_DIMS = frozenset({64, 128})
+
+
+def _spec() -> KernelSpec:
+    return KernelSpec(
+        name="flex-attention",
+        dtypes=frozenset(_HALVES),
+        head_dims=_HEAD_DIMS,
+        mask_kinds=MASK_KINDS,
+        causal_alignment=CausalAlignment.BOTTOM_RIGHT,
+        gqa=True,
+        tile_m=128,
+        tile_n=64,
+        kv_blocks=dict.fromkeys(_HEAD_DIMS, 16),
+        precision={
+            d: dataclasses.replace(
+                StreamingPrecision.flash_attention(d), rescale_threshold_log2=0.0
+            )
+            for d in _HALVES
+        },
+        returns_lse=True,
+        deterministic=True,
+        softcap=True,
+        tanh_error_ulp=4096.0,
+    )
+
+
+@functools.cache
+def _flex(compiled: bool) -> Any:
+    """``torch.compile(flex_attention)`` or the uncompiled ``flex_attention``. Cases differ in
+    shape and mask, so the compiled one recompiles (automatic dynamic shapes after the first);
+    past dynamo's recompile limit (8) it would silently run the unfused eager path instead of
+    the kernel under test: the limit is raised, and hitting it is an error."""
+    import torch
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if not compiled:
+        return flex_attention
+    torch._dynamo.config.recompile_limit = 1 << 12
+    torch._dynamo.config.fail_on_recompile_limit_hit = True
+    return torch.compile(flex_attention)
+
+
+def _mask_mod(case: AttentionCase, device: str) -> Any:
+    """The case's visibility (``reference/masks.py``'s rule) as a FlexAttention ``mask_mod``."""
+    import torch
+
+    mask = case.mask
+    q_len = _torch.int32_tensor([case.q_length(b) for b in range(case.B)], device)
+    k_len = _torch.int32_tensor([case.k_length(b) for b in range(case.B)], device)
+    offset = k_len - q_len if mask.alignment is CausalAlignment.BOTTOM_RIGHT else q_len * 0
+    shape = (case.B, case.Hq, case.Sq, case.Sk)
+    explicit = None
+    if mask.explicit is not None:
+        explicit = torch.from_numpy(np.broadcast_to(mask.explicit, shape).copy()).to(device)
+
+    def mask_mod(b: Any, h: Any, q: Any, kv: Any) -> Any:
+        ok = (q < q_len[b]) & (kv < k_len[b])
+        diagonal = q + offset[b]
+        if mask.causal:
+            ok = ok & (kv <= diagonal)
+        if mask.window_left is not None:
+            ok = ok & (kv >= diagonal - mask.window_left)
+        if mask.window_right is not None:
+            ok = ok & (kv <= diagonal + mask.window_right)
+        if explicit is not None:
+            ok = ok & explicit[b, h, q, kv]
+        return ok
+
+    return mask_mod
+
+
+@dataclass
+class FlexAttentionAdapter:
+    """FlexAttention on ``[B, H, S, D]`` views of the NaN-guarded inputs; it allocates its own
+    outputs, so the output guard and prefill checks do not apply."""
+
+    spec: KernelSpec = field(default_factory=_spec)
+    checks: frozenset[str] = frozenset({"padding-read", "hidden-nan", "determinism", "nonfinite"})
+    compiled: bool = True
+
+    def __call__(self, case: AttentionCase) -> AttentionResult:
+        import torch
+        from torch.nn.attention.flex_attention import AuxRequest, create_block_mask
+
+        device = self.spec.device
+        q, k, v = (_torch.to_device(getattr(case, n), device).transpose(1, 2) for n in "qkv")
+        block_mask = create_block_mask(
+            _mask_mod(case, device), case.B, case.Hq, case.Sq, case.Sk, device=device
+        )
+        cap = case.softcap
+        score_mod = None if cap is None else (lambda s, b, h, q, kv: cap * torch.tanh(s / cap))
+        with warnings.catch_warnings():  # the uncompiled path warns that it is not fused
+            warnings.filterwarnings("ignore", "flex_attention called without torch.compile")
+            o, aux = _flex(self.compiled)(
+                q,
+                k,
+                v,
+                score_mod=score_mod,
+                block_mask=block_mask,
+                scale=case.softmax_scale,
+                enable_gqa=case.group_size > 1,
+                return_aux=AuxRequest(lse=True),
+            )
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return AttentionResult(o=_torch.to_host(o.transpose(1, 2)), lse=_torch.to_host(aux.lse))
+
+
+def create() -> FlexAttentionAdapter:
+    return FlexAttentionAdapter()
+
+
+def on_cpu() -> FlexAttentionAdapter:
+    """The same adapter on CPU tensors (Inductor's CPU backend), for tests without a GPU."""
+    return FlexAttentionAdapter(spec=dataclasses.replace(_spec(), device="cpu"), compiled=False)
