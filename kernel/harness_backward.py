@@ -120,6 +120,9 @@ def unsupported_backward(spec: KernelSpec, case: BackwardCase) -> str | None:
         return "no backward declared (spec.backward is False)"
     if case.dlse is not None:
         return "an upstream LSE gradient (dlse) is not part of the backward harness yet"
+    dims, f = spec.backward_head_dims, case.forward
+    if dims is not None and (f.D not in dims or f.Dv != f.D):
+        return f"backward declared for D = Dv in {sorted(dims)} only (D={f.D}, Dv={f.Dv})"
     return spec.unsupported(case.forward)
 
 

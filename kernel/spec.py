@@ -60,7 +60,9 @@ class KernelSpec:
     * ``backward``: it has a backward pass (``adapter.backward(case) -> Gradients``);
       ``backward_deterministic``: dq/dk/dv bitwise-repeatable run to run (no atomic adds);
       ``backward_precision``: its backward chain per input dtype, for the emulation and the
-      gradient bounds (None = FlashAttention's, :meth:`backward_precision_for`).
+      gradient bounds (None = FlashAttention's, :meth:`backward_precision_for`);
+      ``backward_head_dims``: the head dims (D = Dv) its backward is declared for (None: those
+      of the forward), for a kernel whose backward covers less than its forward.
     * ``softcap``, ``sink``: it takes ``case.softcap`` / ``case.sink`` (default off, so those
       cases are never generated for it). ``tanh_error_ulp``: its tanh's relative error in ulps
       of the score dtype, for the softcap bound (2: an accurate tanh; ``tanh.approx.f32``:
@@ -94,6 +96,7 @@ class KernelSpec:
     backward: bool = False
     backward_deterministic: bool = False
     backward_precision: dict[str, BackwardPrecision] = field(default_factory=dict)
+    backward_head_dims: frozenset[int] | None = None
     softcap: bool = False
     sink: bool = False
     tanh_error_ulp: float = 2.0
@@ -225,10 +228,29 @@ class KernelSpec:
                     f"spec.backward_precision[{dtype!r}]={chain!r}: keys must be input dtypes "
                     f"{sorted(INPUT_DTYPES)} and values BackwardPrecision chains"
                 )
-        if not self.backward and (self.backward_deterministic or self.backward_precision):
+        if not self.backward and (
+            self.backward_deterministic or self.backward_precision or self.backward_head_dims
+        ):
             raise ValueError(
-                "spec.backward_deterministic and spec.backward_precision need spec.backward=True"
+                "spec.backward_deterministic, spec.backward_precision and spec.backward_head_dims "
+                "need spec.backward=True"
             )
+        dims = self.backward_head_dims
+        if dims is not None:
+            if (
+                not isinstance(dims, _SETS)
+                or not all(_is_positive_int(d) for d in dims)
+                or not dims
+            ):
+                raise ValueError(
+                    f"spec.backward_head_dims={dims!r} must be None or a non-empty set of ints >= 1"
+                )
+            if not set(dims) <= set(self.head_dims):
+                raise ValueError(
+                    f"spec.backward_head_dims={sorted(dims)} must be a subset of "
+                    f"spec.head_dims={sorted(self.head_dims)}"
+                )
+            object.__setattr__(self, "backward_head_dims", frozenset(dims))
 
     def backward_precision_for(self, dtype: str) -> BackwardPrecision:
         """The declared backward chain for inputs of ``dtype``; by default FlashAttention's

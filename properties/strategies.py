@@ -321,6 +321,10 @@ def backward_cases(
     """
     names = tuple(GRADIENT_DISTRIBUTIONS) if do_distributions is None else tuple(do_distributions)
     gradient_distributions(names=names)  # validates the names now rather than at the first draw
+    spec = attention_options.get("spec")
+    if isinstance(spec, KernelSpec) and spec.backward_head_dims is not None:
+        dims = spec.backward_head_dims  # the shapes the backward is declared for
+        attention_options["spec"] = dataclasses.replace(spec, head_dims=dims, head_dims_v=None)
     forward = attention_cases(**{"features": (), **attention_options})  # forward-only surface
     return _backward_cases(forward, names)
 

@@ -12,7 +12,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import assume, find, given, settings
 from hypothesis import strategies as st
 
 from attention_crossval.kernel.broken.cpu_backward_faults import EXPECTED, BrokenBackwardAdapter
@@ -228,11 +228,31 @@ def test_torch_float64_gradients_match_the_streaming_float64_tier(
             {"backward": True, "backward_precision": {"float16": StreamingPrecision()}},
             r"values BackwardPrecision chains",
         ),
+        ({"backward_head_dims": {64}}, r"need spec.backward=True"),
+        ({"backward": True, "backward_head_dims": {}}, r"must be None or a non-empty set"),
+        ({"backward": True, "backward_head_dims": {32}}, r"must be a subset of spec.head_dims"),
     ],
 )
 def test_spec_rejects_bad_backward_declarations(changes: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         KernelSpec(name="k", **changes)
+
+
+@pytest.mark.cpu
+def test_backward_head_dims_narrow_the_backward_cases() -> None:
+    """A backward declared for fewer head dims than the forward: its cases are drawn there,
+    and any other D (or Dv != D) is skipped with the reason."""
+    spec = dataclasses.replace(
+        BrokenBackwardAdapter().spec,
+        head_dims=frozenset({8, 16}),
+        head_dims_v=frozenset({8, 16}),
+        backward_head_dims=frozenset({8}),
+    )
+    drawn = find(backward_cases(spec=spec, max_len=8), lambda c: True)
+    assert drawn.forward.D == drawn.forward.Dv == 8
+    wide = _case(np.float16, D=16)
+    verdict = run_backward_case(dataclasses.replace(BrokenBackwardAdapter(), spec=spec), wide)
+    assert verdict.skipped == "backward declared for D = Dv in [8] only (D=16, Dv=16)"
 
 
 @pytest.mark.cpu
