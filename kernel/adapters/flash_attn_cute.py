@@ -27,9 +27,12 @@ run on the H200):
 * packed varlen: ``cu_seqlens_q/k`` and ``max_seqlen_q/k``, outputs ``[total_q, Hq, Dv]`` and
   ``lse [Hq, total_q]``;
 * ``num_splits``: refused on SM90 ("SplitKV not supported on SM 9.0"), so declared only on SM100;
-* head dims: on SM90 any D and Dv in 8..256 divisible by 8 (declared 64, 96, 128, 192, 256 for
-  both); on SM100 8..128 (and the pairs (192, 128), (256, 256), which a spec's independent D and
-  Dv sets cannot express: declared 64 and 128 with Dv = D). SM90's K tile depends on D (128 for
+* head dims: on SM90 D in 64, 96, 128, 192, 256 with Dv = D. Its interface accepts any D and
+  Dv in 8..256 divisible by 8, but measured on the H200 (2026-12-01) D = 64 with Dv = 256 does
+  not compile ("Insufficient registers"), while 192/128 ran; a spec's independent D and Dv sets
+  cannot declare the one pair without the others, so Dv != D is not declared; on SM100
+  8..128 (and the pairs (192, 128), (256, 256), which a spec's independent D and Dv sets
+  cannot express: declared 64 and 128 with Dv = D). SM90's K tile depends on D (128 for
   D <= 64 and D = 128; 144 or 128 for 96; 128, 112 or 96 for 192; 80 or 64 for 256), so the
   bound counts K blocks of 16, a divisor of every one of them (``kv_blocks``).
 """
@@ -71,7 +74,6 @@ def _spec() -> KernelSpec:
         name="flash-attn-cute",
         dtypes=frozenset({"float16", "bfloat16"}),
         head_dims=_SM90_HEAD_DIMS if sm90 else frozenset({64, 128}),
-        head_dims_v=_SM90_HEAD_DIMS if sm90 else None,
         kv_blocks=_SM90_KV_BLOCKS if sm90 else {},
         softcap=True,
         tanh_error_ulp=4096.0,
