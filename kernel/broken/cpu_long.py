@@ -24,8 +24,7 @@ LATE_KEYS = 256 * 128  # the first key whose block skips the O rescale
 TILE = 128
 _RESCALE = "O = O * alpha[:, None] + P_mma.astype(accum_dtype) @ V  # O = O * alpha + P V"
 _LATE = (
-    f"O = O * np.where(cols.start < {LATE_KEYS}, alpha, 1)[:, None]"
-    " + P_mma.astype(accum_dtype) @ V"
+    f"O = O * np.where(cols.start < {LATE_KEYS}, alpha, 1)[:, None] + P_mma.astype(accum_dtype) @ V"
 )
 
 
