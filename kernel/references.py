@@ -36,6 +36,8 @@ PAIR_BOUND_SCALE = {"kernel_vs_exact": 1.0, "kernel_vs_streaming": 2.0, "streami
 TORCH_WORK = 1 << 24  # above this many multiply-adds a CUDA kernel's float64 reference uses torch
 # Above this many multiply-adds a case is long: references on a row plan (docs/long-context.md)
 DENSE_LIMIT = 1 << 31
+# From this many keys the CPU tiers run one (batch, head) per forked worker (reference.parallel)
+PARALLEL_KEYS = 1 << 15
 
 
 def work(case: AttentionCase) -> int:
@@ -131,11 +133,41 @@ class CaseReferences:
         from attention_crossval.reference.exact import exact_attention
 
         def compute() -> Any:
+            if self.long or self.case.Sk >= PARALLEL_KEYS:
+                return self._exact_per_head(rows)
             if self.exact_source is not None:
                 return self.exact_source(self.case, rows, self.prec_bits)
             return exact_attention(self.case, rows=rows, prec_bits=self.prec_bits)
 
         return self._timed("exact", "exact_s", compute)
+
+    def _exact_per_head(self, rows: np.ndarray) -> Any:
+        """The exact tier of a long case, each (batch, head) with sampled rows in a worker,
+        only those rows coming back (no disk cache: an entry would hold full-size arrays)."""
+        from attention_crossval.reference.exact import ExactResult, exact_attention
+        from attention_crossval.reference.parallel import map_heads
+
+        case, prec_bits = self.case, self.prec_bits
+        heads = [(int(b), int(h)) for b, h in zip(*np.nonzero(rows.any(axis=2)), strict=True)]
+
+        def head(sub: AttentionCase, b: int, h: int) -> tuple:
+            picked = rows[b : b + 1, h : h + 1]
+            result = exact_attention(sub, rows=picked, prec_bits=prec_bits)
+            i = np.flatnonzero(picked[0, 0])
+            return (
+                i,
+                (result.o[0, i, 0], result.o_lo[0, i, 0]),
+                tuple(x[0, 0, i] for x in (result.lse, result.o_err_bound, result.lse_err_bound)),
+            )
+
+        o, o_lo = (np.full((case.B, case.Sq, case.Hq, case.Dv), np.nan) for _ in "oo")
+        lse, o_err, lse_err = (np.full((case.B, case.Hq, case.Sq), np.nan) for _ in "lol")
+        for (b, h), (i, (o_part, lo_part), per_row) in zip(
+            heads, map_heads(case, head, heads), strict=True
+        ):
+            o[b, i, h], o_lo[b, i, h] = o_part, lo_part
+            lse[b, h, i], o_err[b, h, i], lse_err[b, h, i] = per_row
+        return ExactResult(o, o_lo, lse, o_err, lse_err, rows=rows.copy(), prec_bits=prec_bits)
 
     def focus(self, result: AttentionResult) -> CaseReferences:
         """For a long case, these references plus the rows where ``result`` (a kernel's full
@@ -204,16 +236,31 @@ class CaseReferences:
         """The emulated result and a ``(b, h, i) -> (rescales, visible blocks)`` trace reader."""
         from attention_crossval.reference.streaming import RescaleTrace, streaming_attention
 
-        def compute():
+        def head(case: AttentionCase, b: int, h: int) -> tuple:
             trace = RescaleTrace()
             result = streaming_attention(
-                self._evaluated_case(), precision, block_m=tile_m, block_n=tile_n, trace=trace
+                case, precision, block_m=tile_m, block_n=tile_n, trace=trace
             )
+            return (
+                result.o[0, :, 0],
+                result.lse[0, 0],
+                trace.rescales[0, 0],
+                trace.visible_blocks[0, 0],
+            )
+
+        def compute():
+            case = self._evaluated_case()
+            o = np.zeros((case.B, case.Sq, case.Hq, case.Dv))
+            lse = np.zeros((case.B, case.Hq, case.Sq))
+            rescales, blocks = (np.zeros((case.B, case.Hq, case.Sq), np.int64) for _ in "rb")
+            for (b, h), parts in self._per_head(case, head):
+                o[b, :, h], lse[b, h], rescales[b, h], blocks[b, h] = parts
             subset = self.subset()
             index = (lambda i: i) if subset is None else subset.index
-            return self._on_rows(result), lambda b, h, i: (
-                int(trace.rescales[b, h, index(i)]),
-                int(trace.visible_blocks[b, h, index(i)]),
+            result = self._on_rows(AttentionResult(o=o, lse=lse))
+            return result, lambda b, h, i: (
+                int(rescales[b, h, index(i)]),
+                int(blocks[b, h, index(i)]),
             )
 
         return self._timed(("streaming", precision, tile_m, tile_n), "streaming_s", compute)
@@ -225,14 +272,34 @@ class CaseReferences:
 
         def compute():
             case, reference = self._evaluated_case(), self._float64_evaluated()
-            bound = error_bound(case, reference, precision, block_n=tile_n)
-            lse_bound = lse_error_bound(case, reference, precision, block_n=tile_n)
+
+            def head(sub: AttentionCase, b: int, h: int) -> tuple:
+                ref = AttentionResult(
+                    o=reference.o[b : b + 1, :, h : h + 1], lse=reference.lse[b : b + 1, h : h + 1]
+                )
+                bound = error_bound(sub, ref, precision, block_n=tile_n)
+                return bound[0, :, 0], lse_error_bound(sub, ref, precision, block_n=tile_n)[0, 0]
+
+            bound = np.zeros((case.B, case.Sq, case.Hq, case.Dv))
+            lse_bound = np.zeros((case.B, case.Hq, case.Sq))
+            for (b, h), (o_part, lse_part) in self._per_head(case, head):
+                bound[b, :, h], lse_bound[b, h] = o_part, lse_part
             subset = self.subset()
             if subset is None:
                 return bound, lse_bound
             return subset.scatter_o(bound), subset.scatter_rows(lse_bound)
 
         return self._timed(("bound", precision, tile_n), "bound_s", compute)
+
+    def _per_head(self, case: AttentionCase, function: Callable) -> list[tuple[tuple, Any]]:
+        """``((b, h), function(head case, b, h))`` for every batch and query head of ``case``:
+        forked workers for a long case or one of at least :data:`PARALLEL_KEYS` keys
+        (``reference.parallel``), else one call on each head here."""
+        from attention_crossval.reference.parallel import map_heads
+
+        heads = [(b, h) for b in range(case.B) for h in range(case.Hq)]
+        workers = None if self.long or case.Sk >= PARALLEL_KEYS else 1
+        return list(zip(heads, map_heads(case, function, heads, workers=workers), strict=True))
 
     def compare(
         self, tested: AttentionResult, tier: str, spec: KernelSpec, *, scale: float = 1.0

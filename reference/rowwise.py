@@ -69,14 +69,13 @@ class _Torch:
         self.maximum, self.where, self.abs = torch.maximum, torch.where, torch.abs
 
     def array(self, x: np.ndarray) -> Any:
-        source = np.ascontiguousarray(x)
-        if source.dtype.name == "bfloat16":  # torch has no NumPy bfloat16: widen exactly
-            source = source.astype(np.float32)
+        # a writable copy (case arrays are read-only); torch has no NumPy bfloat16: widen it
+        source = np.array(x, dtype=np.float32 if x.dtype.name == "bfloat16" else x.dtype)
         tensor = self.torch.from_numpy(source).to(self.device).to(self.dtype)
         return self.torch.nan_to_num(tensor, nan=0.0, posinf=0.0, neginf=0.0)
 
     def index(self, x: np.ndarray) -> Any:
-        return self.torch.from_numpy(np.ascontiguousarray(x)).to(self.device)
+        return self.torch.from_numpy(np.array(x)).to(self.device)
 
     def full(self, shape: tuple[int, ...], value: float) -> Any:
         return self.torch.full(shape, value, dtype=self.dtype, device=self.device)

@@ -270,9 +270,21 @@ def _evaluate_kernel(config, case, kernel: Kernel, options, context: CaseReferen
             "known_findings": [k.to_dict() for k in declared_known],
             "declared": list(verdict.declared),
             **plots,
+            **({"sampling": _sampling(context)} if context.long else {}),
             "timing": {**timing, "kernel_s": verdict.seconds / options.repeats},
         }
     )
+
+
+def _sampling(context: CaseReferences) -> dict:
+    """A long case's row plan: rows evaluated (over batches and heads), exact rows, and the
+    positions each reason picked (docs/long-context.md#sampling)."""
+    evaluated, exact = context.evaluated_rows(), context.sampled_rows()
+    return {
+        "rows": int(evaluated.sum()),
+        "exact_rows": 0 if exact is None else int(exact.sum()),
+        "positions": context.plan().summary(),
+    }
 
 
 def _failed_record(
