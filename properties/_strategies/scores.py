@@ -138,7 +138,8 @@ def _ramp_k0(ctx: BuildContext, descending: bool) -> np.ndarray:
 
 
 def _ramp(ctx: BuildContext) -> Arrays:
-    if -(-ctx.shape.Sk // ctx.tile_n) > _RAMP_BLOCKS:
+    blocks = -(-ctx.shape.Sk // ctx.tile_n)
+    if _RAMP_BLOCKS < blocks <= _LONG_RAMP_BLOCKS and ctx.shape.D >= 3:
         return _long_ramp(ctx)
     k0 = np.repeat(_ramp_k0(ctx, descending=False)[:, :, None], ctx.shape.Hkv, axis=2)
     return _pattern(ctx, k0, noisy_scores=False)
@@ -155,14 +156,9 @@ def _long_ramp(ctx: BuildContext) -> Arrays:
     (2 tile_n)`` with ``block = 16 a + b`` and ``q0 = q1 = q2 = 1``; each part has <= 8
     significant bits and their sum <= 20, so the scores are exact in float32 in any order and
     every block's keys exceed every earlier block's. A block raises the max by about 0.25 to
-    1 (natural-log units), so each visible block after the first is a rescale."""
+    1 (natural-log units), so each visible block after the first is a rescale. Needs D >= 3
+    and at most 4096 blocks; other shapes keep the one-coordinate ramp."""
     s, rng = ctx.shape, ctx.rng
-    blocks = -(-s.Sk // ctx.tile_n)
-    if blocks > _LONG_RAMP_BLOCKS or s.D < 3:
-        raise ValueError(
-            f"ramp: Sk={s.Sk} over tile_n={ctx.tile_n} is {blocks} blocks (at most "
-            f"{_LONG_RAMP_BLOCKS}) and D={s.D} (at least 3) for the long ramp"
-        )
     step = _power_of_two(rng.uniform(0.25, 1.0) / ctx.softmax_scale)
     j = np.arange(s.Sk)
     block, position = j // ctx.tile_n, j % ctx.tile_n
