@@ -64,8 +64,8 @@ def _spread(candidates: np.ndarray, count: int) -> np.ndarray:
 
 
 def _counts(case: AttentionCase) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Per batch ``(lo, hi, count)`` over every position (``lo``/``hi`` None-free: for an
-    explicit mask they are the count's own interval stand-ins, ``0`` and ``count``)."""
+    """Per batch ``(lo, hi, count)`` of every position's visible keys; an explicit mask has no
+    interval, so there ``lo = 0`` and ``hi = count`` (the widest head's)."""
     if case.mask.explicit is not None:
         counts = visible_counts(case).max(axis=1)  # [B, Sq]: the widest head
         return [(np.zeros_like(c), c, c) for c in counts]
@@ -153,7 +153,7 @@ def exact_rows(
         top = np.argsort(-ranked, kind="stable")[: count // 2]
         rows.ravel()[top[ranked[top] > 0]] = True
     rng = np.random.default_rng(seed)
-    order = [r for r in ("edges", "kinks", "mod_tile", "tile_edges", "worst", "uniform")]
+    order = ("edges", "kinks", "mod_tile", "tile_edges", "worst", "uniform")
     queues = [list(_spread(plan.reasons.get(r, np.zeros(0, np.int64)), count)) for r in order]
     while rows.sum() < min(count, rows.size) and any(queues):
         for queue in queues:
