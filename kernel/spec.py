@@ -25,6 +25,11 @@ from attention_crossval.reference.gradients import BackwardCase, Gradients
 from attention_crossval.reference.precision import BackwardPrecision, StreamingPrecision
 
 MASK_KINDS = frozenset({"causal", "window", "varlen", "explicit"})
+# The default ``max_seqlen``: the int32 length every kernel interface takes, i.e. no limit of
+# its own. A smaller default hid real sizes (a 131072-key decode was reported "unsupported");
+# a kernel with a real limit declares it, and long-context strategies and presets generate up
+# to it (docs/long-context.md#max-seqlen).
+MAX_SEQLEN = (1 << 31) - 1
 _SETS = (frozenset, set, tuple, list)
 # Set-valued fields and their item type; any of _SETS is accepted and stored as a frozenset.
 _SET_FIELDS = {
@@ -44,6 +49,7 @@ class KernelSpec:
     * ``causal_alignment``: the diagonal its causal/window masks use; cases with the other
       alignment are generated only where both agree (Sq == Sk).
     * ``tile_m`` / ``tile_n``: its block sizes; strategies draw lengths around their multiples.
+    * ``max_seqlen``: its longest Sq or Sk (default :data:`MAX_SEQLEN`, no limit of its own).
     * ``precision``: its precision chain per input dtype, for the streaming emulation and the bound
       (None = FlashAttention's chain, ``StreamingPrecision.flash_attention(dtype)``).
     * ``returns_lse``: it returns an LSE (natural log: adapters convert a base-2 LSE); a kernel
@@ -85,7 +91,7 @@ class KernelSpec:
     gqa: bool = True
     tile_m: int = 128
     tile_n: int = 128
-    max_seqlen: int = 1 << 16
+    max_seqlen: int = MAX_SEQLEN
     precision: dict[str, StreamingPrecision] = field(default_factory=dict)
     returns_lse: bool = True
     device: str = "cuda"

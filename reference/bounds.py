@@ -113,7 +113,9 @@ from attention_crossval.reference.precision import LN_2, LOG2_E, StreamingPrecis
 KV_ORDERS = ("forward", "reverse", "any")
 EVALUATION_SLACK = 1 + 2.0**-30  # float64 rounding in evaluating the bound itself
 # Query rows per chunk: rows * Sk float64 score arrays of 2 MiB, and rows * K * Dv <= 8x that.
-_ROW_CHUNK_ELEMENTS = 1 << 18
+# Query rows per chunk: rows * Sk float64 arrays of 8 MiB (~15 live), so a long case takes
+# 16 rows per pass over its K/V, not 4 (the per-pass conversions dominated at Sk = 64k).
+_ROW_CHUNK_ELEMENTS = 1 << 20
 _HEAVY_KEYS = 64  # keys per row whose |v - o| is summed exactly (see _weighted_abs_dev)
 _HEAVY_ROWS = 8  # rows per gather of their heavy keys' V (8 x 64 x Dv doubles stay in cache)
 
@@ -240,16 +242,20 @@ def error_bound(
         )
     n = case.Sk + 2 * _num_blocks(case, block_n) + (case.sink is not None) + chain.num_splits
     bound = np.zeros_like(ref_o)
+    values = {}  # kv head -> _Values of the current batch: converted once, not per row chunk
     for chunk in _row_chunks(case, chain, block_n, kv_order):
-        v = case.v[chunk.b, :, case.kv_head(chunk.h), :].astype(np.float64)
-        v = np.where(chunk.seen.any(axis=0)[:, None], v, 0)  # padding may hold NaN: never read
+        key = (chunk.b, case.kv_head(chunk.h))
+        if key not in values:
+            values = {key: _Values.of(case.v[chunk.b, :, key[1], :])}
+        value = values[key]
+        v = value.v
         l_safe = np.where(chunk.l > 0, chunk.l, 1)[:, None]
         o = ref_o[chunk.b, chunk.rows, chunk.h, :]
         if np.isnan(o).any():
             o = np.where(np.isnan(o), chunk.p @ v / l_safe, o)
         p_mma = chunk.p + chunk.w_common + chunk.w_p  # >= |P~_j| entering P V
-        rest = (chunk.w_p + gamma(n, chain.u_pv) * p_mma) @ np.abs(v)
-        numerator = _weighted_abs_dev(chunk.w_common, v, o) + rest
+        rest = (chunk.w_p + gamma(n, chain.u_pv) * p_mma) @ value.abs_v
+        numerator = _weighted_abs_dev(chunk.w_common, value, o) + rest
         numerator += chunk.w_sink[:, None] * np.abs(o)  # the sink: a key whose value is 0
         rel = (chunk.w_common.sum(axis=1) + chunk.w_sink)[:, None] / l_safe
         g = gamma(n, chain.u_acc)
@@ -381,14 +387,13 @@ def _row_chunks(case: AttentionCase, chain: _Chain, block_n: int, kv_order: str)
     rows_per_chunk = max(1, _ROW_CHUNK_ELEMENTS // max(case.Sk, heavy_elements // 8, 1))
     for b in range(case.B):
         for h in range(case.Hq):
-            k = case.k[b, :, case.kv_head(h), :].astype(np.float64)
+            k = _finite(case.k[b, :, case.kv_head(h), :])  # padding may hold NaN: never seen
             for r0 in range(0, case.Sq, rows_per_chunk):
                 rows = slice(r0, min(r0 + rows_per_chunk, case.Sq))
                 seen = visible(case, b, h, rows)
-                k_seen = np.where(seen.any(axis=0)[:, None], k, 0)  # padding may hold NaN
                 q = case.q[b, rows, h, :].astype(np.float64)
                 q = np.where(seen.any(axis=1)[:, None], q, 0)  # padded query rows too
-                yield _weights(case, b, h, rows, seen, q, k_seen, chain, block_n, kv_order)
+                yield _weights(case, b, h, rows, seen, q, k, chain, block_n, kv_order)
 
 
 def _weights(
@@ -502,7 +507,31 @@ def _rescales(seen: np.ndarray, block_n: int, kv_order: str) -> np.ndarray:
     return np.repeat(after, block_n, axis=1)[:, :Sk]
 
 
-def _weighted_abs_dev(w: np.ndarray, v: np.ndarray, o: np.ndarray) -> np.ndarray:
+def _finite(x: np.ndarray) -> np.ndarray:
+    """float64 copy with non-finite entries (padding, keys no row sees) set to 0: a visible
+    key is finite, and a masked one only ever meets a weight of 0."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        x = np.asarray(x, dtype=np.float64)
+    return np.where(np.isfinite(x), x, 0.0)
+
+
+@dataclass(frozen=True)
+class _Values:
+    """One kv head's V and what :func:`_weighted_abs_dev` derives from it, computed once."""
+
+    v: np.ndarray  # [Sk, Dv], non-finite entries zeroed
+    abs_v: np.ndarray
+    mu: np.ndarray  # column means
+    abs_dev: np.ndarray  # |v - mu|
+
+    @classmethod
+    def of(cls, v: np.ndarray) -> _Values:
+        v = _finite(v)
+        mu = v.mean(axis=0) if len(v) else np.zeros(v.shape[1])
+        return cls(v, np.abs(v), mu, np.abs(v - mu))
+
+
+def _weighted_abs_dev(w: np.ndarray, values: _Values, o: np.ndarray) -> np.ndarray:
     """``[r, Dv]`` upper bound on ``sum_j w_ij |v_jc - o_ic|`` (w >= 0) in O(r K Dv) + matmuls.
 
     The ``K = _HEAVY_KEYS`` largest weights of a row are summed exactly; the rest use
@@ -511,7 +540,7 @@ def _weighted_abs_dev(w: np.ndarray, v: np.ndarray, o: np.ndarray) -> np.ndarray
     rows), are exact, and with flat weights o ~ mu makes the split tight.
     """
     r, Sk = w.shape
-    mu = v.mean(axis=0) if Sk else np.zeros(v.shape[1])
+    v, mu = values.v, values.mu
     if Sk > _HEAVY_KEYS:
         heavy = np.argpartition(w, Sk - _HEAVY_KEYS, axis=1)[:, Sk - _HEAVY_KEYS :]
         w_heavy = np.take_along_axis(w, heavy, axis=1)
@@ -525,5 +554,5 @@ def _weighted_abs_dev(w: np.ndarray, v: np.ndarray, o: np.ndarray) -> np.ndarray
             i = slice(i0, i0 + _HEAVY_ROWS)
             abs_dev = np.abs(v[heavy[i]] - o[i, None, :])
             out[i] = np.matmul(w_heavy[i, None, :], abs_dev)[:, 0, :]
-        out += light @ np.abs(v - mu) + np.abs(o - mu) * light.sum(axis=1, keepdims=True)
+        out += light @ values.abs_dev + np.abs(o - mu) * light.sum(axis=1, keepdims=True)
     return np.where(np.isnan(out), np.inf, out)

@@ -27,14 +27,11 @@ def visible(
     mask = case.mask
     q_len, k_len = case.q_length(b), case.k_length(b)
     seen = (i < q_len) & (j < k_len)
-    offset = k_len - q_len if mask.alignment is CausalAlignment.BOTTOM_RIGHT else 0
-    right = mask.window_right
-    if mask.causal:
-        right = 0 if right is None else min(right, 0)
+    offset, left, right = _band(case, b)
     if right is not None:
         seen &= j <= i + offset + right
-    if mask.window_left is not None:
-        seen &= j >= i + offset - mask.window_left
+    if left is not None:
+        seen &= j >= i + offset - left
     if mask.explicit is not None:
         explicit = mask.explicit
         eb = b if explicit.shape[0] > 1 else 0
@@ -44,6 +41,18 @@ def visible(
     return seen
 
 
+def _band(case: AttentionCase, b: int) -> tuple[int, int | None, int | None]:
+    """``(offset, left, right)`` of batch b: key j is inside the causal/window band of row i iff
+    ``i + offset - left <= j <= i + offset + right`` (None = unbounded on that side)."""
+    mask = case.mask
+    q_len, k_len = case.q_length(b), case.k_length(b)
+    offset = k_len - q_len if mask.alignment is CausalAlignment.BOTTOM_RIGHT else 0
+    right = mask.window_right
+    if mask.causal:
+        right = 0 if right is None else min(right, 0)
+    return offset, mask.window_left, right
+
+
 def visible_all(case: AttentionCase) -> np.ndarray:
     """Bool array ``[B, Hq, Sq, Sk]`` of :func:`visible` for every batch and query head."""
     return np.stack(
@@ -51,9 +60,40 @@ def visible_all(case: AttentionCase) -> np.ndarray:
     )
 
 
+def key_ranges(case: AttentionCase, b: int, rows: np.ndarray | slice = slice(None)):
+    """``(lo, hi)`` int64 arrays over ``rows``: without an explicit mask, the keys query row i
+    of batch b sees are exactly ``lo[i] <= j < hi[i]`` (one interval; ``lo == hi`` when
+    empty), for every head. The same rule as :func:`visible`, in O(rows) instead of
+    O(rows * Sk), so long cases never form a ``[Sq, Sk]`` array."""
+    if case.mask.explicit is not None:
+        raise ValueError("key_ranges: an explicit mask has no interval form (use visible)")
+    i = np.arange(case.Sq, dtype=np.int64)[rows]
+    q_len, k_len = case.q_length(b), case.k_length(b)
+    offset, left, right = _band(case, b)
+    hi = np.full(i.shape, k_len, np.int64)
+    if right is not None:
+        hi = np.minimum(hi, i + offset + right + 1)
+    lo = np.zeros(i.shape, np.int64)
+    if left is not None:
+        lo = np.maximum(lo, i + offset - left)
+    hi = np.where(i < q_len, np.maximum(hi, lo), lo)
+    return lo, np.maximum(hi, lo)
+
+
+def visible_counts(case: AttentionCase) -> np.ndarray:
+    """Int ``[B, Hq, Sq]``: how many keys each row sees; O(B Hq Sq) without an explicit mask."""
+    if case.mask.explicit is not None:
+        return visible_all(case).sum(axis=-1)
+    counts = np.empty((case.B, case.Hq, case.Sq), np.int64)
+    for b in range(case.B):
+        lo, hi = key_ranges(case, b)
+        counts[b] = (hi - lo)[None, :]
+    return counts
+
+
 def empty_rows(case: AttentionCase) -> np.ndarray:
     """Bool array ``[B, Hq, Sq]``: rows that see no key (O = 0, LSE = -inf by convention)."""
-    return ~visible_all(case).any(axis=-1)
+    return visible_counts(case) == 0
 
 
 def hidden_keys(case: AttentionCase) -> np.ndarray:

@@ -44,6 +44,7 @@ MASK_KINDS = (
     "varlen",
     "varlen-causal",
     "varlen-window",
+    "varlen-long",
 )
 # Recipe fields added after reports existed: left out of fields() while None, so older recipes
 # keep their digest (resume keys) and their inputs (the NumPy seed hashes the recipe).
@@ -59,7 +60,9 @@ class Config:
       larger); ``softmax_scale`` (None: ``1/sqrt(D)``).
     * ``mask``: one of :data:`MASK_KINDS`. ``window`` is a causal band of width ``Sk // 4``
       (bottom-right diagonal); ``varlen*`` gives batch b valid lengths shrinking with b, with
-      the causal mask or that window on top.
+      the causal mask or that window on top; ``varlen-long`` (causal) keeps batch 0 at the
+      full lengths and gives the others short ones (``S // 64 + b``): one long sequence packed
+      with short ones, as a long-context server batches them.
     * ``distribution``: a score distribution of ``properties.strategies`` (its builder makes
       the inputs); ``tile_n`` the K block its patterns align to (e.g. ``ramp``: a new max in
       every block); ``noise`` the scale of the non-pattern key coordinates.
@@ -287,6 +290,13 @@ def _mask(config: Config) -> Mask:
         return Mask(causal=True)
     if kind == "causal-top-left":
         return Mask(causal=True, alignment=CausalAlignment.TOP_LEFT)
+    if kind == "varlen-long":
+        short = lambda n, b: n if b == 0 else min(n, n // 64 + b)  # noqa: E731
+        return Mask(
+            causal=True,
+            q_lengths=tuple(short(config.Sq, b) for b in range(config.B)),
+            k_lengths=tuple(short(config.Sk, b) for b in range(config.B)),
+        )
     window = {"window_left": max(1, config.Sk // 4), "window_right": 0}
     if kind == "window":
         return Mask(causal=True, **window)
@@ -372,6 +382,31 @@ def _surface() -> list[Config]:
     ]
 
 
+def _long_context() -> list[Config]:
+    """``gpu-long``: what long-context kernels ship for (docs/long-context.md), bf16, D = 128,
+    GQA 8/2: causal prefill at 32k, 64k and 128k, decode of one query against 128k keys (B = 1
+    and a batch of 8), ramps that force a rescale in every K block (hundreds per row) in both,
+    and a varlen batch of one long sequence with short ones."""
+    long = {"dtype": "bfloat16", "D": 128, "Hq": 8, "Hkv": 2}
+    return [
+        Config(**long, Sq=32768, Sk=32768, mask="causal", name="long-prefill-32k"),
+        Config(**long, Sq=65536, Sk=65536, mask="causal", name="long-prefill-64k"),
+        Config(**long, Sq=131072, Sk=131072, mask="causal", name="long-prefill-128k"),
+        Config(**long, Sq=1, Sk=131072, name="long-decode-128k"),
+        Config(**long, Sq=1, Sk=131072, B=8, name="long-decode-128k-b8"),
+        Config(
+            **long,
+            Sq=32768,
+            Sk=32768,
+            mask="causal",
+            distribution="ramp",
+            name="long-prefill-32k-ramp",
+        ),  # fmt: skip
+        Config(**long, Sq=1, Sk=131072, distribution="ramp", name="long-decode-128k-ramp"),
+        Config(**long, Sq=32768, Sk=32768, B=4, mask="varlen-long", name="long-varlen-32k"),
+    ]
+
+
 PRESETS: dict[str, Callable[[], list[Config]]] = {
     # Smoke test: two tiny configs (tests and a first look).
     "tiny": lambda: grid(
@@ -412,6 +447,7 @@ PRESETS: dict[str, Callable[[], list[Config]]] = {
     ),
     # softcap, sinks, paged KV, split-KV and packed varlen (kernels that lack one: unsupported)
     "surface": _surface,
+    "gpu-long": _long_context,
 }
 
 

@@ -116,15 +116,19 @@ def evaluate(
         for kernel in kernels:
             yield _failed_record(config, kernel, options, "error", f"build: {error}")
         return
-    context = _references(case, options, cache)
-    context.timings["build_s"] = time.perf_counter() - start
+    context = _references(case, options, cache, kernels[0].spec if kernels else None)
+    build_s = time.perf_counter() - start
     forward = options.passes != "backward"
     for kernel in kernels:
+        begin, before = time.perf_counter(), dict(context.timings)
         if forward:
             record = _evaluate_kernel(config, case, kernel, options, context)
         else:  # the backward decides the verdict and status
             record = _failed_record(config, kernel, options, "unsupported", None)
             record["case"] = case.describe()
+        if "timing" in record:
+            record["timing"] = _phases(record["timing"], context.timings, before, begin, build_s)
+            build_s = 0.0  # the first record paid for the build
         if options.passes != "forward":
             seed = config.fields().get("seed") or 0
             section = backward_section(case, seed, kernel, options)
@@ -132,8 +136,43 @@ def evaluate(
         yield record
 
 
-def _references(case: AttentionCase, options: RunOptions, cache: ExactCache) -> CaseReferences:
-    """The tiers every kernel of one config shares; the exact tier through the on-disk cache."""
+# The phases of a forward record's wall time (docs/long-context.md#timing); they add up to
+# ``total_s`` but for ``unaccounted_s``. ``kernel_s`` (one kernel call, a mean inside
+# ``harness_s``) is not a phase.
+PHASES = (
+    "build_s",
+    "harness_s",
+    "sample_s",
+    "scan_s",
+    "float64_s",
+    "streaming_s",
+    "bound_s",
+    "exact_s",
+    "compare_s",
+    "record_s",
+)
+
+
+def _phases(
+    own: dict, shared: dict, before: dict, begin: float, build_s: float
+) -> dict[str, float]:
+    """A record's timing: its own phases, the reference phases computed while it was evaluated
+    (``shared`` minus ``before``: the first kernel of a config pays for the shared tiers), the
+    build for the first record, the total wall time and the part no phase accounts for."""
+    timing = {key: shared[key] - before.get(key, 0.0) for key in shared}
+    timing.update(own, build_s=build_s)
+    timing["total_s"] = time.perf_counter() - begin + build_s
+    timing["unaccounted_s"] = timing["total_s"] - sum(timing.get(p, 0.0) for p in PHASES)
+    return timing
+
+
+def _references(
+    case: AttentionCase, options: RunOptions, cache: ExactCache, spec=None
+) -> CaseReferences:
+    """The tiers every kernel of one config shares; the exact tier through the on-disk cache;
+    the row plan of a long case follows the first kernel's tiles, and its device picks where
+    the float64 reference and the scan run."""
+    tiles = {} if spec is None else {"tile_m": spec.tile_m, "tile_n": spec.tile_n}
     return CaseReferences(
         case,
         rows=options.rows,
@@ -141,7 +180,9 @@ def _references(case: AttentionCase, options: RunOptions, cache: ExactCache) -> 
         prec_bits=options.prec_bits,
         dense_limit=options.dense_limit,
         subset_rows=options.subset_rows,
+        device="cpu" if spec is None else spec.device,
         exact_source=cache.get,
+        **tiles,
     )
 
 
@@ -158,7 +199,9 @@ def _run(kernel: Kernel, case: AttentionCase, options: RunOptions):
 
 def _evaluate_kernel(config, case, kernel: Kernel, options, context: CaseReferences) -> dict:
     spec = kernel.spec
+    started = time.perf_counter()
     verdict = _run(kernel, case, options)
+    harness_s = time.perf_counter() - started
     if isinstance(verdict, str):
         return _failed_record(config, kernel, options, "error", verdict)
     if verdict.skipped is not None:
@@ -173,12 +216,15 @@ def _evaluate_kernel(config, case, kernel: Kernel, options, context: CaseReferen
         message = "; ".join(f"{f['check']}: {f['message']}" for f in findings)
         return _failed_record(config, kernel, options, "error", message, findings)
     actual = verdict.result
+    context = context.focus(actual)  # a long case: plus the rows where this kernel looks worst
     precision = spec.precision_for(case.dtype)
     block_n = spec.block_n_for(context.case)
     bound, _ = context.bounds(precision, block_n, tanh_error_ulp=spec.tanh_error_ulp)
     streamed, rescales = context.streaming(precision, spec.tile_m, block_n)
     exact = context.exact() if "exact" in options.tiers else None
     rows = context.sampled_rows() if exact is not None else None
+    reference64 = context.float64()
+    started = time.perf_counter()
     pairs = {}
     for pair, tested, tier, wanted in (
         ("kernel_vs_exact", actual, "exact", "exact"),
@@ -199,7 +245,14 @@ def _evaluate_kernel(config, case, kernel: Kernel, options, context: CaseReferen
         outcome = "known"
     else:
         outcome = "fail"
-    reference64 = context.float64()
+    compare_s = time.perf_counter() - started
+    worst = _worst_story(case, pairs[primary], rescales)
+    plots = {
+        "histogram": histogram(actual, exact, rows, reference64, bound),
+        "row_profile": row_profile(actual, reference64, bound),
+    }
+    record_s = time.perf_counter() - started - compare_s
+    timing = {"harness_s": harness_s, "compare_s": compare_s, "record_s": record_s}
     return clean(
         {
             "key": record_key(config, kernel.name, options),
@@ -212,16 +265,27 @@ def _evaluate_kernel(config, case, kernel: Kernel, options, context: CaseReferen
             "output_dtype": output_dtype(spec, case.dtype),
             "pairs": pairs,
             "primary_pair": primary,
-            "worst": _worst_story(case, pairs[primary], rescales),
+            "worst": worst,
             "determinism": {"checked": checked, "bitwise_equal": not differs if checked else None},
             "findings": findings,
             "known_findings": [k.to_dict() for k in declared_known],
             "declared": list(verdict.declared),
-            "histogram": histogram(actual, exact, rows, reference64, bound),
-            "row_profile": row_profile(actual, reference64, bound),
-            "timing": {**context.timings, "kernel_s": verdict.seconds / options.repeats},
+            **plots,
+            **({"sampling": _sampling(context)} if context.long else {}),
+            "timing": {**timing, "kernel_s": verdict.seconds / options.repeats},
         }
     )
+
+
+def _sampling(context: CaseReferences) -> dict:
+    """A long case's row plan: rows evaluated (over batches and heads), exact rows, and the
+    positions each reason picked (docs/long-context.md#sampling)."""
+    evaluated, exact = context.evaluated_rows(), context.sampled_rows()
+    return {
+        "rows": int(evaluated.sum()),
+        "exact_rows": 0 if exact is None else int(exact.sum()),
+        "positions": context.plan().summary(),
+    }
 
 
 def _failed_record(

@@ -138,8 +138,36 @@ def _ramp_k0(ctx: BuildContext, descending: bool) -> np.ndarray:
 
 
 def _ramp(ctx: BuildContext) -> Arrays:
+    blocks = -(-ctx.shape.Sk // ctx.tile_n)
+    if _RAMP_BLOCKS < blocks <= _LONG_RAMP_BLOCKS and ctx.shape.D >= 3:
+        return _long_ramp(ctx)
     k0 = np.repeat(_ramp_k0(ctx, descending=False)[:, :, None], ctx.shape.Hkv, axis=2)
     return _pattern(ctx, k0, noisy_scores=False)
+
+
+_RAMP_BLOCKS = 64  # one key coordinate holds the ramp exactly up to this many blocks
+_LONG_RAMP_BLOCKS = 4096  # three coordinates: 16 a + b + position, a < 256 (8 bf16 bits)
+
+
+def _long_ramp(ctx: BuildContext) -> Arrays:
+    """The ramp past 64 blocks (long contexts: hundreds of rescales on one row). One 16-bit key
+    coordinate cannot hold ``block + position`` exactly beyond 8 significant bits, so the
+    logit is split over three: ``k0 = 16 a step``, ``k1 = b step``, ``k2 = step position /
+    (2 tile_n)`` with ``block = 16 a + b`` and ``q0 = q1 = q2 = 1``; each part has <= 8
+    significant bits and their sum <= 20, so the scores are exact in float32 in any order and
+    every block's keys exceed every earlier block's. A block raises the max by about 0.25 to
+    1 (natural-log units), so each visible block after the first is a rescale. Needs D >= 3
+    and at most 4096 blocks; other shapes keep the one-coordinate ramp."""
+    s, rng = ctx.shape, ctx.rng
+    step = _power_of_two(rng.uniform(0.25, 1.0) / ctx.softmax_scale)
+    j = np.arange(s.Sk)
+    block, position = j // ctx.tile_n, j % ctx.tile_n
+    q = rng.standard_normal((s.B, s.Sq, s.Hq, s.D))
+    k = np.zeros((s.B, s.Sk, s.Hkv, s.D))
+    q[..., :3] = 1.0
+    for axis, part in enumerate((16 * (block // 16), block % 16, position / (2 * ctx.tile_n))):
+        k[..., axis] = (step * part)[None, :, None]
+    return q, k, rng.standard_normal((s.B, s.Sk, s.Hkv, s.Dv))
 
 
 def _descending(ctx: BuildContext) -> Arrays:

@@ -1,0 +1,179 @@
+"""Long contexts (docs/long-context.md): row intervals, the chunked reference, adversarial row
+plans, the worst-row scan, timed phases, and a kernel whose bug shows only past 32k keys.
+
+The tests run at sizes a CPU does in seconds (few query rows, up to 40k keys);
+``test_long_context_gpu.py`` checks flash-attn-cute at 64k prefill and 128k decode.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attention_crossval.kernel.broken.cpu_long import LATE_KEYS, correct, late_rescale
+from attention_crossval.kernel.references import CaseReferences, reference_findings
+from attention_crossval.kernel.spec import KernelSpec
+from attention_crossval.properties.strategies import attention_cases
+from attention_crossval.reference.case import AttentionCase, AttentionResult, Mask
+from attention_crossval.reference.masks import key_ranges, visible_all, visible_counts
+from attention_crossval.reference.precision import StreamingPrecision
+from attention_crossval.reference.rowwise import row_scores, rowwise_attention
+from attention_crossval.reference.sampling import adversarial_plan, candidates, worst_positions
+from attention_crossval.reference.streaming import RescaleTrace, streaming_attention
+from attention_crossval.report.configs import Config, _mask, preset
+from attention_crossval.report.runner import PHASES
+
+pytestmark = pytest.mark.cpu
+_SPEC = KernelSpec(
+    "long-test", mask_kinds=frozenset({"causal", "window", "varlen"}), tile_m=16, tile_n=16
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(attention_cases(spec=_SPEC, max_len=40))
+def test_key_ranges_are_the_visibility_predicate(case: AttentionCase) -> None:
+    """One interval per row, equal to the dense predicate, so long cases never need it."""
+    dense = visible_all(case)
+    assert np.array_equal(visible_counts(case), dense.sum(axis=-1))
+    for b in range(case.B):
+        lo, hi = key_ranges(case, b)
+        j = np.arange(case.Sk)
+        assert np.array_equal((j >= lo[:, None]) & (j < hi[:, None]), dense[b, 0])
+
+
+@settings(max_examples=25, deadline=None)
+@given(attention_cases(spec=_SPEC, max_len=40), st.sampled_from(["numpy", "torch"]))
+def test_rowwise_reference_agrees_with_the_float64_streaming_tier(
+    case: AttentionCase, backend: str
+) -> None:
+    """Chunked over rows and keys (tiny chunks, so every chunk boundary is crossed)."""
+    if backend == "torch":
+        pytest.importorskip("torch", reason="torch is not installed: the NumPy path is tested")
+    positions = np.arange(case.Sq)[::2]
+    got = rowwise_attention(case, positions, backend=backend, row_chunk=3, key_chunk=5)
+    want = streaming_attention(case)
+    scale = np.maximum(np.abs(want.o[:, positions]).max(initial=0), 1)
+    assert np.allclose(got.o, want.o[:, positions], rtol=0, atol=1e-12 * scale)
+    want_lse = want.lse[:, :, positions]
+    # LSE = m + log l: float64 roundings of |m| up to ~1e6 (the huge distribution)
+    close = np.isclose(got.lse, want_lse, rtol=1e-12, atol=1e-9)
+    assert ((got.lse == want_lse) | close).all()
+
+
+def _long_case(Sk: int = 40_000, Sq: int = 256, distribution: str = "ramp") -> AttentionCase:
+    """Causal, few query rows, many keys: every row sees more than 32k keys."""
+    return Config(
+        "bfloat16", 64, Sq, Sk, Hq=2, Hkv=1, mask="causal", distribution=distribution
+    ).build()
+
+
+def test_plan_holds_every_reason_and_stays_in_budget() -> None:
+    case = Config("bfloat16", 64, 1500, 1000, mask="window").build()  # diagonal enters late
+    found = candidates(case, tile_m=128, tile_n=128)
+    lo, hi = key_ranges(case, 0)
+    count = hi - lo
+    assert {0, 1499} <= set(found["edges"].tolist())
+    assert set(range(0, 1500, 128)) <= set(found["tile_edges"].tolist())
+    chosen = found["mod_tile"]
+    assert chosen.size and ((count[chosen] % 128 == 1) | ((hi[chosen] - 1) % 128 == 0)).all()
+    for series in (lo, hi):  # where the diagonal enters the keys, where the window leaves key 0
+        bend = int(np.flatnonzero(np.diff(series, 2))[0]) + 1
+        assert bend in set(found["kinks"].tolist())
+    plan = adversarial_plan(case, tile_m=128, tile_n=128, budget=40, seed=3)
+    assert set(plan.reasons) == {"edges", "kinks", "tile_edges", "mod_tile", "uniform"}
+    assert len(plan.positions) <= 40 + len(found["edges"])
+    assert set(plan.reasons["tile_edges"].tolist()) >= {0, 1499}
+
+
+def test_ramp_forces_hundreds_of_rescales_past_64_blocks() -> None:
+    """The long ramp holds exactly: every visible block after the first raises the max, as
+    the streaming trace proves on sampled rows."""
+    case = _long_case(Sq=4)
+    trace = RescaleTrace()
+    streaming_attention(case, StreamingPrecision.flash_attention("bfloat16"), trace=trace)
+    assert trace.visible_blocks.min() == -(-case.Sk // 128)
+    assert (trace.rescales == trace.visible_blocks - 1).all()
+    assert trace.rescales.min() >= 300
+
+
+def test_scan_ranks_the_rows_a_late_bug_breaks_first() -> None:
+    """The broken kernel is exact on rows with <= 32768 visible keys; the float32 scan puts
+    the others first."""
+    case = Config("bfloat16", 64, 64, 32_800, Hq=1, Hkv=1, mask="causal", distribution="ramp")
+    case = case.build()
+    result = late_rescale()(case)
+    scores = row_scores(case, result, row_chunk=16, key_chunk=4096)
+    lo, hi = key_ranges(case, 0)
+    late = hi > LATE_KEYS
+    assert scores[0, 0, late].min() > 10 * scores[0, 0, ~late].max()
+    assert late[worst_positions(scores, 4)].all()
+
+
+@pytest.mark.parametrize("factory", [late_rescale, correct])
+def test_a_bug_past_32k_keys_is_caught_on_sampled_rows(factory) -> None:
+    """A long case (above the dense limit) is checked on a row plan plus the worst rows: the
+    late-rescale kernel fails ``bound``, the same tier unmutated passes, in seconds."""
+    kernel, case = factory(), _long_case()
+    result = kernel(case)
+    refs = CaseReferences(case, rows=2, subset_rows=16, tile_m=128, tile_n=128)
+    assert refs.long
+    findings = reference_findings(case, result, kernel.spec, references=refs.focus(result))
+    assert any(f.check == "bound" for f in findings) is (factory is late_rescale), findings
+
+
+def test_report_phases_add_up_on_a_long_case(tmp_path) -> None:
+    """Every phase is timed and the record's unaccounted time is (close to) zero."""
+    from attention_crossval.report.cache import ExactCache
+    from attention_crossval.report.runner import Kernel, RunOptions, evaluate
+
+    config = Config("bfloat16", 64, 256, 33_000, Hq=2, Hkv=1, mask="causal")
+    options = RunOptions(rows=2, repeats=2, subset_rows=16)
+    (record,) = evaluate(config, [Kernel("cpu-long", correct())], options, ExactCache(tmp_path))
+    timing = record["timing"]
+    assert record["verdict"] == "pass", record["pairs"]
+    assert {"scan_s", "float64_s", "bound_s", "exact_s", "harness_s"} <= set(timing)
+    assert abs(timing["unaccounted_s"]) < 0.05 * timing["total_s"] + 0.2
+    assert sum(timing.get(p, 0.0) for p in PHASES) == pytest.approx(
+        timing["total_s"] - timing["unaccounted_s"]
+    )
+    assert record["sampling"]["rows"] < 64  # not every row: 256 x 2
+
+
+def test_long_references_never_form_an_sq_by_sk_array() -> None:
+    """The scan and the references of a long case allocate O(row chunk x key chunk + rows x
+    Sk): here half a dense float64 score matrix, and no more at any Sq (chunks are fixed)."""
+    import tracemalloc
+
+    case = _long_case(Sk=33_000, Sq=1024, distribution="gaussian")
+    refs = CaseReferences(case, rows=2, subset_rows=16, tile_m=128, tile_n=128)
+    result = AttentionResult(o=np.zeros((1, 1024, 2, 64)), lse=np.zeros((1, 2, 1024)))
+    tracemalloc.start()
+    refs = refs.focus(result)
+    refs.bounds(StreamingPrecision.flash_attention("bfloat16"), 128)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    dense = case.B * case.Hq * case.Sq * case.Sk * 8  # float64 scores, bytes
+    assert peak < dense / 2
+
+
+def test_gpu_long_preset_reaches_the_sizes_of_the_issue() -> None:
+    configs = {c.name: c for c in preset("gpu-long")}
+    assert configs["long-prefill-64k"].Sq == configs["long-prefill-64k"].Sk == 65536
+    assert configs["long-decode-128k-b8"].B == 8 and configs["long-decode-128k"].Sk == 131072
+    assert any(c.distribution == "ramp" for c in configs.values())
+    mask = _mask(configs["long-varlen-32k"])  # building its 4 x 32k inputs takes seconds
+    assert mask.k_lengths[0] == 32768 and max(mask.k_lengths[1:]) < 1024
+    assert KernelSpec("x").max_seqlen >= 131072  # the default hides no preset size
+
+
+def test_mask_without_rows_is_empty_everywhere() -> None:
+    """Zero lengths: every row empty, no key range."""
+    case = AttentionCase(
+        np.zeros((1, 3, 1, 4), np.float32),
+        np.zeros((1, 5, 1, 4), np.float32),
+        np.zeros((1, 5, 1, 4), np.float32),
+        mask=Mask(q_lengths=(0,), k_lengths=(0,)),
+    )
+    assert (visible_counts(case) == 0).all()
