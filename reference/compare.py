@@ -16,7 +16,9 @@ Metrics over the *evaluated* elements (reference not NaN, ``ExactResult.rows`` a
   rounded kernel scores 0.
 * ``bound fraction``: ``abs / bound`` (0 / 0 = 0, x / 0 = inf).
 * mismatched: ``abs > bound``, or a non-finite actual where the reference is finite (a NaN
-  always mismatches, even with ``bound=None``).
+  always mismatches, even with ``bound=None``). Two exceptions, where the declared chain may
+  overflow: an infinite bound admits +-inf, and an element marked ``undefined`` (with an
+  infinite bound) admits anything, NaN included; both score a bound fraction of 0.
 * ``bound`` / ``lse_bound`` must be >= 0 (inf allowed) on evaluated elements: a NaN or negative
   bound raises ValueError (``err > NaN`` is False and would pass anything).
 * vacuous: evaluated elements whose bound is inf or at least their row's V range (``v_range``,
