@@ -173,9 +173,9 @@ class KernelSpec:
             raise ValueError(f"spec.padded_rows={self.padded_rows!r} must be 'zero' or 'unwritten'")
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"spec.device={self.device!r} must be 'cpu' or 'cuda'")
-        self._validate_known_findings()
         self._validate_backward()
         self._validate_call_options()
+        self._validate_known_findings()  # after the call options: its features need them
 
     def _validate_head_dim_pairs(self) -> None:
         pairs = self.head_dim_pairs
@@ -270,6 +270,25 @@ class KernelSpec:
                     f"be a subset of spec.mask_kinds={sorted(self.mask_kinds)} (else it never "
                     "applies)"
                 )
+            if not finding.features <= self.surface_features:
+                raise ValueError(
+                    f"spec.known_findings[{index}].features={sorted(finding.features)} must be "
+                    f"features the spec declares ({sorted(self.surface_features)}; else it "
+                    "never applies)"
+                )
+
+    @property
+    def surface_features(self) -> frozenset[str]:
+        """The forward-surface features of a case's own fields that this spec declares
+        (``kernel.known_findings.FINDING_FEATURES``: softcap, sink, paged, splits, packed)."""
+        declared = {
+            "softcap": self.softcap,
+            "sink": self.sink,
+            "paged": self.paged,
+            "splits": self.max_splits > 1,
+            "packed": "packed" in self.layouts,
+        }
+        return frozenset(name for name, on in declared.items() if on)
 
     def _validate_backward(self) -> None:
         for name in ("backward", "backward_deterministic"):

@@ -9,7 +9,9 @@ model's ``q_lengths`` / ``k_lengths``; rows past ``seqused_q`` are not written
 Known finding (``padding-read``, measured on the H200 with flash-attn-4 4.0.0b36): with
 ``seqused_k`` the kernel reads the K/V rows of the last partial tile past the valid length, even
 when that length is 0. Masking gives them weight 0, but ``0 * NaN = NaN``, so NaN there reaches
-every row of that batch; large finite values do not.
+every row of that batch; large finite values do not. The same read through a page table: with
+pages of 128 keys (its K tile) it reads the unused tail of a sequence's last page (a second
+known ``padding-read``, of paged cases).
 
 The call goes through ``flash_attn.cute.interface._flash_attn_fwd`` (private) because only it
 takes ``out=`` / ``lse=``: that is what lets the harness prefill outputs with NaN and surround
@@ -103,6 +105,18 @@ def _spec() -> KernelSpec:
                 reason="with seqused_k it reads K/V past the valid length (the last partial "
                 "tile, even for length 0): NaN there reaches every row of that batch, large "
                 "finite values do not. Not yet reported upstream.",
+                link="https://github.com/Dao-AILab/flash-attention",
+            ),
+            KnownFinding(  # measured on the H200, 2026-12-01 (docs/forward-surface.md)
+                check="padding-read",
+                mask_kinds=frozenset(),
+                features=frozenset({"paged"}),
+                reason="with pages of 128 keys (its K tile, the TMA path) it reads the unused "
+                "tail of a sequence's last page: NaN there made 412 of 840 rows of a "
+                "three-sequence case non-finite (measured once, as nonfinite, before the "
+                "harness read page tails as padding). Page size 16 passed once; other page "
+                "sizes are untested, so the finding covers every paged case. Not yet "
+                "reported upstream.",
                 link="https://github.com/Dao-AILab/flash-attention",
             ),
             KnownFinding(  # measured on the H200, 2026-12-01 (test_kernels_backward.py -m gpu)
