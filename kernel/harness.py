@@ -16,11 +16,12 @@ rows of a ``padded_rows="zero"`` kernel, differ from O = 0 / LSE = -inf or the d
 convention), ``lse`` (also: ``spec.returns_lse`` but no LSE returned). Applied where the
 adapter's ``checks`` (a subset of :data:`ADAPTER_CHECKS`) names them: ``output-guard`` (a guard
 band around ``o``/``lse`` changed), ``unwritten`` (the NaN prefill survives where the kernel
-must write), ``padding-read`` (non-finite only when padding holds NaN), ``nonfinite``
-(non-finite on clean inputs; with NaN input guard bands this also catches reads past a tensor's
-end), ``determinism`` (A and B differ in any bit, for a ``spec.deterministic`` kernel). With
-``compare``: ``bound`` / ``lse`` (O / LSE outside the derived error bound, against float64 on
-all rows and exact on sampled rows, :mod:`kernel.references`).
+must write), ``padding-read`` (non-finite only when padding, or the unused slots of a paged
+layout, hold NaN), ``nonfinite`` (non-finite on clean inputs; with NaN input guard bands this
+also catches reads past a tensor's end), ``determinism`` (A and B differ in any bit, for a
+``spec.deterministic`` kernel). With ``compare``: ``bound`` / ``lse`` (O / LSE outside the
+derived error bound, against float64 on all rows and exact on sampled rows,
+:mod:`kernel.references`).
 Declared convention differences (``spec.empty_rows``, ``spec.padded_rows``) are checked and
 translated to the project convention, and listed in ``Verdict.declared``, never failed.
 """
@@ -77,8 +78,11 @@ _BLOCKING = ("unwritten", "nonfinite", "padding-read")  # no reference checks af
 
 
 def fill_padding(case: AttentionCase, value: float) -> AttentionCase:
-    """A copy of ``case`` with ``value`` in q rows past ``q_lengths`` and k/v rows past
-    ``k_lengths``: NaN poisons padding (reads show), 0 cleans it (for the triage run)."""
+    """A copy of ``case`` with ``value`` in q rows past ``q_lengths``, k/v rows past
+    ``k_lengths`` and the slots of its paged layout that no sequence may read
+    (``case.page_fill``): NaN poisons padding (reads show), 0 cleans it (for the triage run),
+    so a kernel reading a page's unused tail is a ``padding-read`` like one reading past
+    ``k_lengths``: the same read past the valid length, through the page table."""
     arrays = {}
     lengths = {"q": case.mask.q_lengths, "k": case.mask.k_lengths, "v": case.mask.k_lengths}
     for name, valid in lengths.items():
@@ -87,7 +91,8 @@ def fill_padding(case: AttentionCase, value: float) -> AttentionCase:
             pad = np.arange(array.shape[1])[None, :] >= np.asarray(valid)[:, None]
             array[pad] = value
         arrays[name] = array
-    return dataclasses.replace(case, **arrays)  # every other field (options included) kept
+    # every other field (options included) kept
+    return dataclasses.replace(case, **arrays, page_fill=value)
 
 
 def applied_checks(adapter: KernelAdapter) -> frozenset[str]:
@@ -149,7 +154,13 @@ def run_case(
             )
             findings = _input_write_findings(runs) + findings
         if "hidden-nan" in checks and result is not None:
-            findings += hidden_nan_findings(case, result, lambda c: call(c, "zero").result)
+            # padding NaN only where padding reads are checked: not in a known one's rerun
+            findings += hidden_nan_findings(
+                case,
+                result,
+                lambda c: call(c, "zero").result,
+                padding="padding-read" in checks,
+            )
     except KernelCrashed as crash:
         findings, declared, result = [Finding(crash.check, str(crash))], [], None
     except Declined as declined:

@@ -32,13 +32,29 @@ _PLANTED = "padding-read"
 _RERUNNABLE = frozenset({_PLANTED, "zero-grad"})
 
 
+# What a known finding may require of a case beyond its mask: the forward-surface features a
+# case carries in its own fields, named as in properties' feature vocabulary
+# (properties._strategies.features.FEATURES).
+FINDING_FEATURES = ("softcap", "sink", "paged", "splits", "packed")
+
+
+def surface_features(case: AttentionCase) -> frozenset[str]:
+    """The :data:`FINDING_FEATURES` ``case`` has: its call options, a softcap, a sink."""
+    surface = {"softcap"} if case.softcap is not None else set()
+    surface |= {"sink"} if case.sink is not None else set()
+    return case.call_options | surface
+
+
 @dataclass(frozen=True)
 class KnownFinding:
     """A check the kernel is known to fail on some cases, and why.
 
     * ``check``: the harness check it fails (one of ``kernel.verdict.CHECKS``).
     * ``mask_kinds``: it applies to cases whose mask uses any of these kinds (a subset of the
-      spec's ``mask_kinds``); empty: to every case.
+      spec's ``mask_kinds``); empty: whatever the mask.
+    * ``features``: and only to cases that have every one of these features
+      (:data:`FINDING_FEATURES`, declared by the spec), e.g. ``{"paged"}`` for a read that only
+      the page table reaches; empty: whatever the features.
     * ``reason``: what the kernel does, in one or two sentences.
     * ``link``: the upstream issue, or the upstream repository when not yet reported (then the
       reason says so).
@@ -51,6 +67,7 @@ class KnownFinding:
     reason: str
     link: str
     backward: bool = False
+    features: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if not isinstance(self.backward, bool):
@@ -66,20 +83,30 @@ class KnownFinding:
         ):
             raise ValueError(f"known_finding.mask_kinds={kinds!r} must be a set of mask kind names")
         object.__setattr__(self, "mask_kinds", frozenset(kinds))
+        features = self.features
+        if not isinstance(features, (frozenset, set, tuple, list)) or not set(features) <= set(
+            FINDING_FEATURES
+        ):
+            raise ValueError(
+                f"known_finding.features={features!r} must be a set of names from "
+                f"{list(FINDING_FEATURES)}"
+            )
+        object.__setattr__(self, "features", frozenset(features))
         if not isinstance(self.reason, str) or not self.reason.strip():
             raise ValueError(f"known_finding.reason={self.reason!r} must be a non-empty str")
         if not isinstance(self.link, str) or not self.link.startswith("https://"):
             raise ValueError(f"known_finding.link={self.link!r} must be an https:// URL")
 
     def applies(self, case: AttentionCase) -> bool:
-        return not self.mask_kinds or bool(self.mask_kinds & case.mask.kinds)
+        masked = not self.mask_kinds or bool(self.mask_kinds & case.mask.kinds)
+        return masked and self.features <= surface_features(case)
 
     @property
     def when(self) -> str:
         """The cases it applies to, in words."""
-        if not self.mask_kinds:
-            return "every case"
-        return f"{' or '.join(sorted(self.mask_kinds))} masks"
+        parts = [f"{' or '.join(sorted(self.mask_kinds))} masks"] if self.mask_kinds else []
+        parts += [f"{' and '.join(sorted(self.features))} cases"] if self.features else []
+        return ", ".join(parts) or "every case"
 
     @property
     def name(self) -> str:
@@ -212,16 +239,28 @@ def backward_trigger_case(spec: KernelSpec, known: KnownFinding) -> BackwardCase
 def trigger_case(spec: KernelSpec, known: KnownFinding) -> AttentionCase:
     """A small deterministic case inside ``spec`` on which ``known`` shows, for the strict-xfail
     test: ``padding-read``: two batches of ``2 * tile_n`` keys, valid lengths ending mid-tile
-    (the harness plants NaN past them); ``empty-rows``, ``zero-grad``: an explicit mask hiding
-    whole rows; ``nonfinite``: one query row, hidden.
-    ValueError for another check or mask kind (write its trigger here)."""
+    (the harness plants NaN past them); with the ``paged`` feature, pages of ``tile_n`` keys
+    whose last one is half filled (the harness plants NaN in its tail), two sequences of
+    ``1.5 * tile_n`` keys without a varlen finding; ``empty-rows``, ``zero-grad``: an explicit
+    mask hiding whole rows; ``nonfinite``: one query row, hidden.
+    ValueError for another check, mask kind or feature (write its trigger here)."""
     rng = np.random.default_rng(0)
     dtype = next(d for d in ("bfloat16", "float16", "float32") if d in spec.dtypes)
     D = min(spec.head_dims)
+    Dv = D if D in spec.value_dims_for(D) else spec.value_dims_for(D)[0]
     Sk = 2 * spec.tile_n
-    if known.check == "padding-read" and "varlen" in known.mask_kinds:
+    options: dict[str, Any] = {}
+    padding = known.mask_kinds <= {"varlen"} and known.features <= {"paged"}
+    if known.check == "padding-read" and padding and (known.mask_kinds or known.features):
         B, Sq, mask = 2, spec.tile_m, Mask(k_lengths=(Sk - spec.tile_n // 2, spec.tile_n // 2))
-    elif known.check in ("empty-rows", "zero-grad", "nonfinite") and "explicit" in known.mask_kinds:
+        if not known.mask_kinds:  # paged alone: every key valid, the last page half filled
+            Sk, mask = Sk - spec.tile_n // 2, Mask()
+        options = {"page_size": spec.tile_n} if known.features else {}
+    elif (
+        known.check in ("empty-rows", "zero-grad", "nonfinite")
+        and "explicit" in known.mask_kinds
+        and not known.features
+    ):
         B, Sq = 1, 1 if known.check == "nonfinite" else spec.tile_m  # nonfinite: a decode row
         explicit = rng.random((1, 1, Sq, Sk)) < 0.5
         explicit[..., : max(1, Sq // 4), :] = False  # the first quarter of the rows sees no key
@@ -231,6 +270,6 @@ def trigger_case(spec: KernelSpec, known: KnownFinding) -> AttentionCase:
             f"no trigger case for a known {known.check!r} with {known.when}: add one to "
             "kernel.known_findings.trigger_case"
         )
-    q, k, v = (rng.standard_normal((B, S, 2, D)) for S in (Sq, Sk, Sk))
+    q, k, v = (rng.standard_normal((B, S, 2, d)) for S, d in ((Sq, D), (Sk, D), (Sk, Dv)))
     arrays = (a.astype(INPUT_DTYPES[dtype]) for a in (q, k, v))
-    return AttentionCase(*arrays, mask=mask, label=f"trigger:{known.check}")
+    return AttentionCase(*arrays, mask=mask, label=f"trigger:{known.check}", **options)

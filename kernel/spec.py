@@ -46,6 +46,10 @@ class KernelSpec:
 
     * ``dtypes``, ``head_dims`` (D; ``head_dims_v`` for Dv, None = must equal D), ``mask_kinds``
       (subset of {causal, window, varlen, explicit}), ``gqa`` (Hq a multiple of Hkv > 1).
+    * ``head_dim_pairs``: the (D, Dv) pairs it accepts, for a kernel whose D and Dv are not
+      independent (flash_attn.cute on SM90 runs 192/128 but not 64/256); None: every D of
+      ``head_dims`` with every Dv of ``head_dims_v``. Each pair lies in those sets and each D
+      and Dv there is in some pair, so the sets stay what strategies and reports read.
     * ``causal_alignment``: the diagonal its causal/window masks use; cases with the other
       alignment are generated only where both agree (Sq == Sk).
     * ``tile_m`` / ``tile_n``: its block sizes; strategies draw lengths around their multiples.
@@ -86,6 +90,7 @@ class KernelSpec:
     dtypes: frozenset[str] = frozenset({"float16", "bfloat16"})
     head_dims: frozenset[int] = frozenset({64, 128})
     head_dims_v: frozenset[int] | None = None
+    head_dim_pairs: frozenset[tuple[int, int]] | None = None
     mask_kinds: frozenset[str] = frozenset({"causal"})
     causal_alignment: CausalAlignment = CausalAlignment.BOTTOM_RIGHT
     gqa: bool = True
@@ -157,6 +162,7 @@ class KernelSpec:
                 continue
             if not dims or not all(_is_positive_int(d) for d in dims):
                 raise ValueError(f"spec.{name}={dims!r} must be a non-empty set of ints >= 1")
+        self._validate_head_dim_pairs()
         if not (_is_positive_int(self.tile_m) and _is_positive_int(self.tile_n)):
             raise ValueError(
                 f"spec.tile_m={self.tile_m!r}, tile_n={self.tile_n!r} must be ints >= 1"
@@ -167,9 +173,54 @@ class KernelSpec:
             raise ValueError(f"spec.padded_rows={self.padded_rows!r} must be 'zero' or 'unwritten'")
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"spec.device={self.device!r} must be 'cpu' or 'cuda'")
-        self._validate_known_findings()
         self._validate_backward()
         self._validate_call_options()
+        self._validate_known_findings()  # after the call options: its features need them
+
+    def _validate_head_dim_pairs(self) -> None:
+        pairs = self.head_dim_pairs
+        if pairs is None:
+            return
+        if (
+            not isinstance(pairs, _SETS)
+            or not pairs
+            or not all(
+                isinstance(p, tuple) and len(p) == 2 and all(_is_positive_int(d) for d in p)
+                for p in pairs
+            )
+        ):
+            raise ValueError(
+                f"spec.head_dim_pairs={pairs!r} must be None or a non-empty set of (D, Dv) "
+                "tuples of ints >= 1"
+            )
+        pairs = frozenset((int(d), int(dv)) for d, dv in pairs)
+        dims_v = self.head_dims if self.head_dims_v is None else self.head_dims_v
+        outside = sorted(p for p in pairs if p[0] not in self.head_dims or p[1] not in dims_v)
+        if outside:
+            raise ValueError(
+                f"spec.head_dim_pairs has {outside} outside spec.head_dims x spec.head_dims_v "
+                "(each pair's D must be in head_dims and its Dv in head_dims_v, or in head_dims "
+                "when head_dims_v is None)"
+            )
+        if self.head_dims_v is None and any(d != dv for d, dv in pairs):
+            raise ValueError(
+                f"spec.head_dim_pairs={sorted(pairs)} has Dv != D but spec.head_dims_v is None "
+                "(Dv must equal D): declare head_dims_v too"
+            )
+        unpaired = sorted(set(self.head_dims) - {d for d, _ in pairs})
+        unpaired_v = sorted(set(dims_v) - {dv for _, dv in pairs})
+        if unpaired or unpaired_v:
+            raise ValueError(
+                f"spec.head_dim_pairs={sorted(pairs)} must pair every declared head dim "
+                f"(D without a pair: {unpaired}; Dv without a pair: {unpaired_v})"
+            )
+        object.__setattr__(self, "head_dim_pairs", pairs)
+
+    def value_dims_for(self, D: int) -> tuple[int, ...]:
+        """The Dv values declared with ``D``, sorted (what strategies draw Dv from)."""
+        if self.head_dim_pairs is not None:
+            return tuple(sorted(dv for d, dv in self.head_dim_pairs if d == D))
+        return (D,) if self.head_dims_v is None else tuple(sorted(self.head_dims_v))
 
     def _validate_call_options(self) -> None:
         ulp = self.tanh_error_ulp
@@ -219,6 +270,25 @@ class KernelSpec:
                     f"be a subset of spec.mask_kinds={sorted(self.mask_kinds)} (else it never "
                     "applies)"
                 )
+            if not finding.features <= self.surface_features:
+                raise ValueError(
+                    f"spec.known_findings[{index}].features={sorted(finding.features)} must be "
+                    f"features the spec declares ({sorted(self.surface_features)}; else it "
+                    "never applies)"
+                )
+
+    @property
+    def surface_features(self) -> frozenset[str]:
+        """The forward-surface features of a case's own fields that this spec declares
+        (``kernel.known_findings.FINDING_FEATURES``: softcap, sink, paged, splits, packed)."""
+        declared = {
+            "softcap": self.softcap,
+            "sink": self.sink,
+            "paged": self.paged,
+            "splits": self.max_splits > 1,
+            "packed": "packed" in self.layouts,
+        }
+        return frozenset(name for name, on in declared.items() if on)
 
     def _validate_backward(self) -> None:
         for name in ("backward", "backward_deterministic"):
@@ -282,6 +352,11 @@ class KernelSpec:
         dims_v = self.head_dims_v if self.head_dims_v is not None else {case.D}
         if case.Dv not in dims_v:
             return f"value head dim Dv={case.Dv} not supported (allowed {sorted(dims_v)})"
+        if self.head_dim_pairs is not None and (case.D, case.Dv) not in self.head_dim_pairs:
+            return (
+                f"head dims (D={case.D}, Dv={case.Dv}) not a declared pair "
+                f"(head_dim_pairs {sorted(self.head_dim_pairs)})"
+            )
         missing = case.mask.kinds - self.mask_kinds
         if missing:
             return f"mask kinds {sorted(missing)} not supported"

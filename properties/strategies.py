@@ -324,7 +324,9 @@ def backward_cases(
     spec = attention_options.get("spec")
     if isinstance(spec, KernelSpec) and spec.backward_head_dims is not None:
         dims = spec.backward_head_dims  # the shapes the backward is declared for
-        attention_options["spec"] = dataclasses.replace(spec, head_dims=dims, head_dims_v=None)
+        attention_options["spec"] = dataclasses.replace(
+            spec, head_dims=dims, head_dims_v=None, head_dim_pairs=None
+        )
     forward = attention_cases(**{"features": (), **attention_options})  # forward-only surface
     return _backward_cases(forward, names)
 

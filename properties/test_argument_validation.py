@@ -123,6 +123,13 @@ TABLE = [
     e(AttentionCase, "page_size=2.0 must be None", **CASE, page_size=2.0),
     e(AttentionCase, "num_splits=0 must be an int in [1, 256]", **CASE, num_splits=0),
     e(AttentionCase, "num_splits=257 must be an int in [1, 256]", **CASE, num_splits=257),
+    e(
+        AttentionCase,
+        "page_fill='nan' must be a float (NaN: a read shows)",
+        **CASE,
+        page_fill="nan",
+    ),
+    e(AttentionCase, "page_fill=True must be a float", **CASE, page_fill=True),
     e(AttentionCase, "num_splits=True must be an int", **CASE, num_splits=True),
     e(
         AttentionCase,

@@ -17,7 +17,8 @@ import pytest
 
 from attention_crossval.kernel.adapters.streaming import StreamingAdapter
 from attention_crossval.kernel.broken import cpu_call_options
-from attention_crossval.kernel.harness import run_case
+from attention_crossval.kernel.call_options import paged_layout
+from attention_crossval.kernel.harness import fill_padding, run_case
 from attention_crossval.kernel.isolation import IsolatedKernel
 from attention_crossval.reference.case import AttentionCase, Mask
 from attention_crossval.reference.splitkv import splitkv_attention
@@ -53,7 +54,20 @@ def test_call_options_are_saved_and_loaded(tmp_path) -> None:
     assert loaded.call_options == {"paged", "splits", "packed"}
     plain = AttentionCase.load(_case().save(tmp_path / "plain.npz"))
     assert (plain.page_size, plain.num_splits, plain.layout) == (None, 1, "padded")
+    assert np.isnan(loaded.page_fill) and np.isnan(plain.page_fill)  # NaN: the default
+    clean = dataclasses.replace(case, page_fill=0)
+    assert AttentionCase.load(clean.save(tmp_path / "clean.npz")).page_fill == 0.0
     assert "page_size=17 num_splits=3 layout=packed" in case.describe()
+
+
+def test_page_fill_is_what_unused_page_slots_hold() -> None:
+    """NaN by default in every slot no sequence may read; ``fill_padding`` sets it with the
+    padding, so the harness's clean run hands a paged kernel zeros there."""
+    case = _case(page_size=64)
+    slots = [paged_layout(c).k_pages for c in (case, fill_padding(case, 0.0))]
+    poisoned, clean = (np.isnan(s.astype(np.float32)) for s in slots)
+    assert poisoned.any() and not clean.any()
+    assert np.isnan(fill_padding(case, np.nan).page_fill)
 
 
 @pytest.mark.parametrize("options", OPTIONS, ids=str)

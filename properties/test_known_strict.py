@@ -1,8 +1,9 @@
 """The strict-xfail test per declared known finding (kernel/known_findings.py) of each kernel under
-test (``--kernel``; by default the GPU built-ins, and the CPU divergent adapters of
-kernel/broken/cpu_known.py). It asserts the known check passes on the finding's trigger case, so
-it xfails while the divergence lasts and an upstream fix fails it (XPASS strict). Each test is
-marked cpu or gpu by its kernel's device.
+test (``--kernel``; by default the GPU built-ins, the CPU divergent adapters of
+kernel/broken/cpu_known.py and the paged one of kernel/broken/cpu_call_options.py). It asserts
+the known check passes on the finding's trigger case, so it xfails while the divergence lasts
+and an upstream fix fails it (XPASS strict). Each test is marked cpu or gpu by its kernel's
+device.
 """
 
 from __future__ import annotations
@@ -21,7 +22,12 @@ from attention_crossval.properties.kernels_under_test import (
 )
 
 CPU_KNOWN = "attention_crossval.kernel.broken.cpu_known"
-DEFAULT_KERNELS = (*GPU_BUILTIN, f"{CPU_KNOWN}:hidden_rows", f"{CPU_KNOWN}:reads_padding")
+DEFAULT_KERNELS = (
+    *GPU_BUILTIN,
+    f"{CPU_KNOWN}:hidden_rows",
+    f"{CPU_KNOWN}:reads_padding",
+    "attention_crossval.kernel.broken.cpu_call_options:reads_page_tail",
+)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -32,9 +38,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         spec = kernel_spec(name)
         for index, known in enumerate(spec.known_findings):
             expected = pytest.mark.xfail(strict=True, raises=CheckFailed, reason=str(known))
-            params.append(
-                kernel_param(name, index, marks=(expected,), id=f"{spec.name}-{known.name}")
-            )
+            features = "".join(f"-{f}" for f in sorted(known.features))  # -paged: its own id
+            test_id = f"{spec.name}-{known.name}{features}"
+            params.append(kernel_param(name, index, marks=(expected,), id=test_id))
     if not params:  # no kernel under test declares a known finding: one visible skip
         skip = pytest.mark.skip(reason="no kernel under test declares a known finding")
         params = [pytest.param(None, None, marks=[pytest.mark.cpu, skip])]

@@ -46,6 +46,22 @@ ROWS: list[tuple[dict[str, Any], str]] = [
     ({"layouts": frozenset()}, "must be a non-empty set"),
     ({"tanh_error_ulp": -1}, "spec.tanh_error_ulp=-1 must be a float in [0, 2^20)"),
     ({"kv_blocks": {128: 0}}, "spec.kv_blocks={128: 0} must be a dict head dim D -> K block"),
+    ({"head_dim_pairs": (64, 64)}, "spec.head_dim_pairs=(64, 64) must be None or a non-empty"),
+    ({"head_dim_pairs": frozenset()}, "must be None or a non-empty set of (D, Dv) tuples"),
+    ({"head_dim_pairs": {(64, 0)}}, "spec.head_dim_pairs={(64, 0)} must be None or a non-empty"),
+    (
+        {"head_dim_pairs": {(64, 64), (128, 128), (96, 96)}},
+        "spec.head_dim_pairs has [(96, 96)] outside spec.head_dims x spec.head_dims_v",
+    ),
+    (
+        {"head_dims_v": (64, 128), "head_dim_pairs": {(64, 128), (128, 128)}},
+        "must pair every declared head dim (D without a pair: []; Dv without a pair: [64])",
+    ),
+    (
+        {"head_dim_pairs": {(64, 64)}},
+        "must pair every declared head dim (D without a pair: [128]; Dv without a pair: [128])",
+    ),
+    ({"head_dim_pairs": {(64, 128), (128, 128)}}, "has Dv != D but spec.head_dims_v is None"),
 ]
 
 
@@ -92,3 +108,28 @@ def test_kv_blocks_choose_the_bound_block_per_head_dim() -> None:
     spec = KernelSpec(name="k", head_dims=(64, 256), kv_blocks={256: 16})
     assert spec.block_n_for(AttentionCase(q, q, q)) == 16
     assert spec.block_n_for(AttentionCase(q[..., :64], q[..., :64], q[..., :64])) == 128
+
+
+def test_head_dim_pairs_restrict_d_and_dv_to_the_declared_pairs() -> None:
+    """flash_attn.cute on SM90: 192/128 ran, 64/256 does not compile; independent D and Dv
+    sets could not say so. A pair outside the declaration is unsupported, and says which."""
+    spec = KernelSpec(
+        name="k",
+        head_dims=(64, 192),
+        head_dims_v=(64, 128, 192),
+        head_dim_pairs={(64, 64), (192, 192), (192, 128)},
+    )
+    assert spec.value_dims_for(192) == (128, 192) and spec.value_dims_for(64) == (64,)
+
+    def case(D: int, Dv: int) -> AttentionCase:
+        q = np.zeros((1, 4, 1, D), np.float16)
+        return AttentionCase(q, q, np.zeros((1, 4, 1, Dv), np.float16))
+
+    assert spec.unsupported(case(192, 128)) is None
+    assert spec.unsupported(case(64, 128)) == (
+        "head dims (D=64, Dv=128) not a declared pair "
+        "(head_dim_pairs [(64, 64), (192, 128), (192, 192)])"
+    )
+    free = KernelSpec(name="k", head_dims=(64, 192), head_dims_v=(64, 128, 192))
+    assert free.unsupported(case(64, 128)) is None and free.value_dims_for(64) == (64, 128, 192)
+    assert KernelSpec(name="k").value_dims_for(128) == (128,)

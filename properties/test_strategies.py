@@ -126,6 +126,36 @@ NARROW_SPEC = KernelSpec(
 )
 
 
+PAIRED_SPEC = KernelSpec(
+    name="paired",
+    dtypes=frozenset({"float16"}),
+    head_dims=frozenset({4, 12}),
+    head_dims_v=frozenset({4, 8, 12}),
+    head_dim_pairs=frozenset({(4, 4), (12, 12), (12, 8)}),
+    mask_kinds=frozenset({"causal", "varlen"}),
+    tile_m=4,
+    tile_n=4,
+    max_seqlen=1 << 13,
+    device="cpu",
+    paged=True,
+)
+
+
+def test_cases_draw_only_declared_head_dim_pairs() -> None:
+    """Every (D, Dv) drawn, by the regular, varlen-batch and long-decode bases alike, is a
+    declared pair, and each pair is drawn (4/8, 4/12 and 12/4 never are)."""
+    drawn = set()
+
+    @settings(max_examples=150, database=None, deadline=None)
+    @given(attention_cases(spec=PAIRED_SPEC, max_len=9))
+    def collect(case: AttentionCase) -> None:
+        assert (case.D, case.Dv) in PAIRED_SPEC.head_dim_pairs, case.describe()
+        drawn.add((case.D, case.Dv))
+
+    collect()
+    assert drawn == PAIRED_SPEC.head_dim_pairs
+
+
 @given(attention_cases(spec=NARROW_SPEC))
 def test_cases_stay_inside_the_kernel_declaration(case: AttentionCase) -> None:
     assert NARROW_SPEC.supports(case), NARROW_SPEC.unsupported(case)

@@ -178,6 +178,11 @@ class AttentionCase:
     * ``layout``: ``"padded"`` (``[B, S, H, X]`` with valid lengths) or ``"packed"`` (the valid
       rows concatenated with ``cu_seqlens``, :mod:`reference.varlen`; with ``page_size`` only q
       is packed and K/V come through the pages).
+    * ``page_fill``: what the paged layout holds where no sequence may read (the tail of a
+      partly filled last page, unused pages): the paged analogue of padding. NaN by default, so
+      a read shows; the harness's clean run puts 0 there as it does in padding
+      (:func:`kernel.harness.fill_padding`), which tells such a read (``padding-read``) from a
+      non-finite result on clean inputs.
     """
 
     q: np.ndarray
@@ -191,6 +196,7 @@ class AttentionCase:
     page_size: int | None = None
     num_splits: int = 1
     layout: str = "padded"
+    page_fill: float = math.nan
 
     def __post_init__(self) -> None:
         for name in ("q", "k", "v"):
@@ -320,6 +326,10 @@ class AttentionCase:
             raise ValueError(f"layout={self.layout!r} must be one of {list(LAYOUTS)}")
         object.__setattr__(self, "page_size", None if page_size is None else int(page_size))
         object.__setattr__(self, "num_splits", int(num_splits))
+        fill = self.page_fill
+        if isinstance(fill, (bool, np.bool_)) or not isinstance(fill, (int, float, np.number)):
+            raise ValueError(f"page_fill={fill!r} must be a float (NaN: a read shows)")
+        object.__setattr__(self, "page_fill", float(fill))
 
     @property
     def call_options(self) -> frozenset[str]:
@@ -416,6 +426,8 @@ class AttentionCase:
             extras["num_splits"] = self.num_splits
         if self.layout != "padded":
             extras["layout"] = self.layout
+        if not math.isnan(self.page_fill):
+            extras["page_fill"] = self.page_fill
         np.savez_compressed(
             path,
             **arrays,
@@ -465,6 +477,7 @@ class AttentionCase:
                 page_size=int(data["page_size"]) if "page_size" in data else None,
                 num_splits=int(data["num_splits"]) if "num_splits" in data else 1,
                 layout=str(data["layout"]) if "layout" in data else "padded",
+                page_fill=float(data["page_fill"]) if "page_fill" in data else math.nan,
             )
 
 

@@ -5,10 +5,10 @@ The case model keeps logical ``k [B, Sk, Hkv, D]`` / ``v [B, Sk, Hkv, Dv]``. A p
 D]`` and a table ``[B, max_pages]``: logical key ``j`` of batch ``b`` lives at slot ``j %
 page_size`` of page ``page_table[b, j // page_size]``. :func:`page_kv` builds that layout the
 way that catches lookup bugs: pages in shuffled order, identical full pages shared between
-sequences (legal: a common prefix), and everything no sequence may read NaN (the tail of a
-partly filled last page, unused pages, and table entries past a sequence's pages, which point
-at a poisoned page). :func:`read_pages` is the lookup and :func:`paged_attention` runs the
-streaming tier through it.
+sequences (legal: a common prefix), and everything no sequence may read poisoned with the
+case's ``page_fill``, NaN by default (the tail of a partly filled last page, unused pages, and
+table entries past a sequence's pages, which point at a poisoned page). :func:`read_pages` is
+the lookup and :func:`paged_attention` runs the streaming tier through it.
 """
 
 from __future__ import annotations
@@ -49,7 +49,8 @@ class PagedKV:
 
 def page_kv(case: AttentionCase, page_size: int, *, seed: int = 0, extra_pages: int = 1) -> PagedKV:
     """The paged layout of ``case``'s valid keys (module docstring); ``seed`` shuffles the
-    pages; ``extra_pages`` >= 1 unused, poisoned pages."""
+    pages; ``extra_pages`` >= 1 unused pages. Slots no sequence may read hold
+    ``case.page_fill``."""
     for name, value, low in (("page_size", page_size, 1), ("extra_pages", extra_pages, 1)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
             raise ValueError(f"{name}={value!r} must be an int >= {low}")
@@ -72,10 +73,10 @@ def page_kv(case: AttentionCase, page_size: int, *, seed: int = 0, extra_pages: 
     num_pages = len(logical) + extra_pages
     physical = np.random.default_rng(seed).permutation(num_pages)  # logical -> physical
     poison = int(physical[len(logical)])  # the first unused page
-    k_pages = np.full((num_pages, page_size, case.Hkv, case.D), np.nan, np.float32)
-    v_pages = np.full((num_pages, page_size, case.Hkv, case.Dv), np.nan, np.float32)
+    k_pages = np.full((num_pages, page_size, case.Hkv, case.D), case.page_fill, np.float32)
+    v_pages = np.full((num_pages, page_size, case.Hkv, case.Dv), case.page_fill, np.float32)
     for index, (b, p) in enumerate(logical):
-        n = min(page_size, lengths[b] - p * page_size)  # a partly filled last page keeps NaN
+        n = min(page_size, lengths[b] - p * page_size)  # a partly filled last page keeps the fill
         k_pages[physical[index], :n] = case.k[b, p * page_size : p * page_size + n]
         v_pages[physical[index], :n] = case.v[b, p * page_size : p * page_size + n]
     table = np.full((case.B, max_pages), poison, np.int32)

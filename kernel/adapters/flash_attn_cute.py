@@ -9,7 +9,9 @@ model's ``q_lengths`` / ``k_lengths``; rows past ``seqused_q`` are not written
 Known finding (``padding-read``, measured on the H200 with flash-attn-4 4.0.0b36): with
 ``seqused_k`` the kernel reads the K/V rows of the last partial tile past the valid length, even
 when that length is 0. Masking gives them weight 0, but ``0 * NaN = NaN``, so NaN there reaches
-every row of that batch; large finite values do not.
+every row of that batch; large finite values do not. The same read through a page table: with
+pages of 128 keys (its K tile) it reads the unused tail of a sequence's last page (a second
+known ``padding-read``, of paged cases).
 
 The call goes through ``flash_attn.cute.interface._flash_attn_fwd`` (private) because only it
 takes ``out=`` / ``lse=``: that is what lets the harness prefill outputs with NaN and surround
@@ -27,12 +29,12 @@ run on the H200):
 * packed varlen: ``cu_seqlens_q/k`` and ``max_seqlen_q/k``, outputs ``[total_q, Hq, Dv]`` and
   ``lse [Hq, total_q]``;
 * ``num_splits``: refused on SM90 ("SplitKV not supported on SM 9.0"), so declared only on SM100;
-* head dims: on SM90 D in 64, 96, 128, 192, 256 with Dv = D. Its interface accepts any D and
-  Dv in 8..256 divisible by 8, but measured on the H200 (2026-12-01) D = 64 with Dv = 256 does
-  not compile ("Insufficient registers"), while 192/128 ran; a spec's independent D and Dv sets
-  cannot declare the one pair without the others, so Dv != D is not declared; on SM100
-  8..128 (and the pairs (192, 128), (256, 256), which a spec's independent D and Dv sets
-  cannot express: declared 64 and 128 with Dv = D). SM90's K tile depends on D (128 for
+* head dims: on SM90 the pairs (D, Dv) with D = Dv in 64, 96, 128, 192, 256, and (192, 128)
+  (``head_dim_pairs``). Its interface accepts any D and Dv in 8..256 divisible by 8, but
+  measured on the H200 (2026-12-01) D = 64 with Dv = 256 does not compile ("Insufficient
+  registers"), while 192/128 ran; other Dv != D pairs have not been tried. On SM100 8..128
+  (and the pairs (192, 128), (256, 256)): declared 64 and 128 with Dv = D, as nothing of it
+  has run (no Blackwell GPU). SM90's K tile depends on D (128 for
   D <= 64 and D = 128; 144 or 128 for 96; 128, 112 or 96 for 192; 80 or 64 for 256), so the
   bound counts K blocks of 16, a divisor of every one of them (``kv_blocks``).
 """
@@ -51,6 +53,8 @@ from attention_crossval.reference.case import AttentionCase, CausalAlignment
 # SM90's K tile per D (interface._tile_size_fwd_sm90): a D with several tiles gets 16, which
 # divides them all, so every tile edge is a block edge of the bound.
 _SM90_HEAD_DIMS = frozenset({64, 96, 128, 192, 256})
+# D = Dv, and the one Dv != D pair that ran on the H200 (64/256 did not compile).
+_SM90_HEAD_DIM_PAIRS = frozenset({(d, d) for d in _SM90_HEAD_DIMS} | {(192, 128)})
 _SM90_KV_BLOCKS = {96: 16, 192: 16, 256: 16}
 _SM100_MAX_SPLITS = 16  # an upper end to draw from; the combine takes up to 256
 
@@ -74,6 +78,8 @@ def _spec() -> KernelSpec:
         name="flash-attn-cute",
         dtypes=frozenset({"float16", "bfloat16"}),
         head_dims=_SM90_HEAD_DIMS if sm90 else frozenset({64, 128}),
+        head_dims_v=_SM90_HEAD_DIMS if sm90 else None,
+        head_dim_pairs=_SM90_HEAD_DIM_PAIRS if sm90 else None,
         kv_blocks=_SM90_KV_BLOCKS if sm90 else {},
         softcap=True,
         tanh_error_ulp=4096.0,
@@ -99,6 +105,18 @@ def _spec() -> KernelSpec:
                 reason="with seqused_k it reads K/V past the valid length (the last partial "
                 "tile, even for length 0): NaN there reaches every row of that batch, large "
                 "finite values do not. Not yet reported upstream.",
+                link="https://github.com/Dao-AILab/flash-attention",
+            ),
+            KnownFinding(  # measured on the H200, 2026-12-01 (docs/forward-surface.md)
+                check="padding-read",
+                mask_kinds=frozenset(),
+                features=frozenset({"paged"}),
+                reason="with pages of 128 keys (its K tile, the TMA path) it reads the unused "
+                "tail of a sequence's last page: NaN there made 412 of 840 rows of a "
+                "three-sequence case non-finite (measured once, as nonfinite, before the "
+                "harness read page tails as padding). Page size 16 passed once; other page "
+                "sizes are untested, so the finding covers every paged case. Not yet "
+                "reported upstream.",
                 link="https://github.com/Dao-AILab/flash-attention",
             ),
             KnownFinding(  # measured on the H200, 2026-12-01 (test_kernels_backward.py -m gpu)

@@ -23,6 +23,7 @@ import numpy as np
 from hypothesis import assume, event
 from hypothesis import strategies as st
 
+from attention_crossval.kernel.known_findings import surface_features
 from attention_crossval.kernel.spec import KernelSpec
 from attention_crossval.properties._strategies.hidden import hidden_key_cases, masked_hidden_keys
 from attention_crossval.properties._strategies.paged import with_pages
@@ -50,32 +51,22 @@ _HIDING = frozenset({"window", "explicit"})
 def spec_features(spec: KernelSpec) -> tuple[str, ...]:
     """The features ``spec`` declares, in :data:`FEATURES` order."""
     has = {
-        "softcap": spec.softcap,
-        "sink": spec.sink,
         "hidden": bool(spec.mask_kinds & _HIDING),
-        "paged": spec.paged,
-        "splits": spec.max_splits > 1,
-        "packed": "packed" in spec.layouts,
         "varlen_batch": "varlen" in spec.mask_kinds,
         "long_decode": spec.max_seqlen >= LONG_DECODE_KEYS,
     }
-    return tuple(name for name in FEATURES if has[name])
+    return tuple(name for name in FEATURES if has.get(name, name in spec.surface_features))
 
 
 def case_features(case: AttentionCase) -> frozenset[str]:
     """The features ``case`` has (module docstring), read from its fields and mask."""
     k_lengths = [case.k_length(b) for b in range(case.B)]
     found = {
-        "softcap": case.softcap is not None,
-        "sink": case.sink is not None,
         "hidden": bool(masked_hidden_keys(case).any()),
-        "paged": case.page_size is not None,
-        "splits": case.num_splits > 1,
-        "packed": case.layout == "packed",
         "varlen_batch": case.B >= 3 and "varlen" in case.mask.kinds and 0 in k_lengths,
         "long_decode": case.Sq <= 16 and case.Sk >= LONG_DECODE_KEYS,
     }
-    return frozenset(name for name, present in found.items() if present)
+    return surface_features(case) | {name for name, present in found.items() if present}
 
 
 def check_features(spec: KernelSpec, names: Collection[str], what: str) -> tuple[str, ...]:

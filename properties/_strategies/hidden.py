@@ -15,19 +15,9 @@ import numpy as np
 from hypothesis import assume, event
 from hypothesis import strategies as st
 
-from attention_crossval.kernel.hidden_nan import poison_hidden
+from attention_crossval.kernel.hidden_nan import masked_hidden_keys, poison_hidden
 from attention_crossval.kernel.spec import KernelSpec
 from attention_crossval.reference.case import AttentionCase
-from attention_crossval.reference.masks import hidden_keys
-
-
-def masked_hidden_keys(case: AttentionCase) -> np.ndarray:
-    """Bool ``[B, Sk, Hkv]``: hidden keys (:func:`reference.masks.hidden_keys`) that are not
-    padding, so only a mask hides them."""
-    valid = (
-        np.arange(case.Sk)[None, :] < np.array([case.k_length(b) for b in range(case.B)])[:, None]
-    )
-    return hidden_keys(case) & valid[:, :, None]
 
 
 @st.composite

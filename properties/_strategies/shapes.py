@@ -97,6 +97,13 @@ def head_counts(*, gqa: bool, max_heads: int = 4) -> st.SearchStrategy[tuple[int
     return st.sampled_from(pairs)
 
 
+def draw_value_dim(draw: st.DrawFn, spec: KernelSpec, D: int) -> int:
+    """Dv for head dim ``D``: one of ``spec.value_dims_for(D)`` (a declared pair where the spec
+    names pairs), drawn only when there is a choice, so a spec with Dv = D draws nothing."""
+    dims_v = spec.value_dims_for(D)
+    return dims_v[0] if len(dims_v) == 1 else draw(st.sampled_from(dims_v))
+
+
 @st.composite
 def _shapes(
     draw: st.DrawFn,
@@ -105,7 +112,6 @@ def _shapes(
     max_batch: int,
     max_heads: int,
     head_dims: tuple[int, ...],
-    head_dims_v: tuple[int, ...] | None,
 ) -> Shape:
     lengths = tile_aware_lengths(tile=spec.tile_n, max_len=max_len, min_len=1)
     Sk = draw(lengths)
@@ -115,7 +121,7 @@ def _shapes(
     Sq = draw(st.one_of(q_lengths, near_sk))
     Hq, Hkv = draw(head_counts(gqa=spec.gqa, max_heads=max_heads))
     D = draw(st.sampled_from(head_dims))
-    Dv = D if head_dims_v is None else draw(st.sampled_from(head_dims_v))
+    Dv = draw_value_dim(draw, spec, D)
     B = draw(st.integers(1, max_batch))
     return Shape(B=B, Sq=Sq, Sk=Sk, Hq=Hq, Hkv=Hkv, D=D, Dv=Dv)
 
@@ -129,8 +135,8 @@ def attention_shapes(
     head_dims: Collection[int] | None = None,
 ) -> st.SearchStrategy[Shape]:
     """Shapes inside ``spec``: Sq and Sk tile-aware (Sq also Sk +- 1 and 1 = decode), Hq/Hkv
-    per :func:`head_counts`, D from ``head_dims`` (default ``spec.head_dims``), Dv from
-    ``spec.head_dims_v`` (None = Dv == D). Shrinks to B=1, Sq=Sk=1, Hq=Hkv=1, smallest D."""
+    per :func:`head_counts`, D from ``head_dims`` (default ``spec.head_dims``), Dv from those
+    declared with it (:func:`draw_value_dim`). Shrinks to B=1, Sq=Sk=1, Hq=Hkv=1, smallest D."""
     if not isinstance(spec, KernelSpec):
         raise ValueError(f"spec must be a KernelSpec, got {type(spec).__name__}")
     if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
@@ -145,6 +151,5 @@ def attention_shapes(
             f"head_dims={sorted(dims)} must be a non-empty subset of spec.head_dims="
             f"{sorted(spec.head_dims)}"
         )
-    dims_v = None if spec.head_dims_v is None else tuple(sorted(spec.head_dims_v))
     head_counts(gqa=spec.gqa, max_heads=max_heads)  # validates max_heads now, not at draw time
-    return _shapes(spec, max_len, max_batch, max_heads, tuple(sorted(dims)), dims_v)
+    return _shapes(spec, max_len, max_batch, max_heads, tuple(sorted(dims)))

@@ -17,7 +17,12 @@ from hypothesis import strategies as st
 
 from attention_crossval.kernel.spec import KernelSpec
 from attention_crossval.properties._strategies.scores import DISTRIBUTIONS, BuildContext
-from attention_crossval.properties._strategies.shapes import Shape, head_counts, tile_aware_lengths
+from attention_crossval.properties._strategies.shapes import (
+    Shape,
+    draw_value_dim,
+    head_counts,
+    tile_aware_lengths,
+)
 from attention_crossval.reference.case import INPUT_DTYPES, AttentionCase, Mask
 
 _PLAIN = ("gaussian", "ramp", "near_ties", "large_v")  # builders that need no key padding
@@ -45,8 +50,7 @@ def _build(
 def _head_dims(draw: st.DrawFn, spec: KernelSpec, max_head_dim: int) -> tuple[int, int]:
     dims = sorted(d for d in spec.head_dims if d <= max_head_dim) or [min(spec.head_dims)]
     D = draw(st.sampled_from(dims))
-    dims_v = None if spec.head_dims_v is None else sorted(spec.head_dims_v)
-    return D, D if dims_v is None else draw(st.sampled_from(dims_v))
+    return D, draw_value_dim(draw, spec, D)
 
 
 @st.composite
