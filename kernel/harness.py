@@ -43,6 +43,7 @@ from attention_crossval.kernel.isolation import (
     KernelCrashed,
     Run,
     execute,
+    private_copy,
 )
 from attention_crossval.kernel.references import reference_findings
 from attention_crossval.kernel.spec import KernelAdapter, KernelSpec
@@ -77,17 +78,20 @@ _BLOCKING = ("unwritten", "nonfinite", "padding-read")  # no reference checks af
 
 
 def fill_padding(case: AttentionCase, value: float) -> AttentionCase:
-    """A copy of ``case`` with ``value`` in q rows past ``q_lengths`` and k/v rows past
-    ``k_lengths``: NaN poisons padding (reads show), 0 cleans it (for the triage run)."""
+    """``case`` with ``value`` in q rows past ``q_lengths`` and k/v rows past ``k_lengths``:
+    NaN poisons padding (reads show), 0 cleans it (for the triage run). Only arrays with
+    lengths are copied (a case without padding comes back as it is: no copy of a 4 GiB K)."""
     arrays = {}
     lengths = {"q": case.mask.q_lengths, "k": case.mask.k_lengths, "v": case.mask.k_lengths}
     for name, valid in lengths.items():
+        if valid is None:
+            continue
         array = np.array(getattr(case, name))
-        if valid is not None:
-            pad = np.arange(array.shape[1])[None, :] >= np.asarray(valid)[:, None]
-            array[pad] = value
+        array[np.arange(array.shape[1])[None, :] >= np.asarray(valid)[:, None]] = value
+        array.setflags(write=False)  # owned and read-only: the case takes it without a copy
         arrays[name] = array
-    return dataclasses.replace(case, **arrays)  # every other field (options included) kept
+    # every other field (options included) kept
+    return dataclasses.replace(case, **arrays) if arrays else case
 
 
 def applied_checks(adapter: KernelAdapter) -> frozenset[str]:
@@ -138,7 +142,7 @@ def run_case(
             return isolated.call(which, prefill)
         # a private copy per call, as a worker gets: a kernel writing its inputs cannot change
         # the caller's case (the references are computed from it) or the next run's
-        return execute(adapter, dataclasses.replace(which), prefill)
+        return execute(adapter, private_copy(which), prefill)
 
     try:
         runs = [call(poisoned, "nan" if i == 0 else "zero") for i in range(repeats)]
