@@ -177,3 +177,56 @@ def test_mask_without_rows_is_empty_everywhere() -> None:
         mask=Mask(q_lengths=(0,), k_lengths=(0,)),
     )
     assert (visible_counts(case) == 0).all()
+
+
+# Run by Triton's interpreter (TRITON_INTERPRET=1, NumPy on the CPU) in a fresh process: the
+# variable must be set before the kernel module is imported. Triton 3.6's interpreter turns a
+# loop bound into an int with int() of a 1-element array, which NumPy >= 2.4 refuses; the script
+# patches that one conversion.
+_INTERPRETED = """
+from triton.runtime import interpreter
+
+_patch = interpreter._patch_lang_tensor
+
+
+def _patched(tensor, scope):
+    _patch(tensor, scope)
+    scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+
+interpreter._patch_lang_tensor = _patched
+
+from attention_crossval.kernel.broken.triton_fa import correct, late_rescale
+from attention_crossval.kernel.harness import run_case
+from attention_crossval.report.configs import Config
+
+case = Config("float16", 16, 16, 384, Hq=2, Hkv=1, distribution="ramp", tile_n=64).build()
+for make in (late_rescale, correct):
+    adapter = make()
+    adapter.device = "cpu"
+    if adapter.switches.get("LATE_BLOCK"):
+        adapter.switches["LATE_BLOCK"] = 4  # keys past 256 instead of 32768
+    verdict = run_case(adapter, case)
+    print(adapter.spec.name, sorted({f.check for f in verdict.findings}))
+"""
+
+
+def test_triton_late_rescale_is_caught_under_the_interpreter() -> None:
+    """The Triton kernel's late-rescale bug (its threshold lowered to K block 4 of 64 keys), run
+    by Triton's interpreter: the harness fails it on ``bound``, the unbroken kernel passes the
+    same ramp. The 64k-key run on the GPU is ``test_long_context_gpu.py``."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch", reason="torch is not installed (the interpreter runs on it)")
+    pytest.importorskip("triton", reason="triton is not installed: the GPU test covers it")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    run = subprocess.run(
+        [sys.executable, "-c", _INTERPRETED], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.splitlines()[-2:] == [
+        "triton-fa-late-rescale ['bound']",
+        "triton-fa-correct []",
+    ], run.stdout
