@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from attention_crossval.kernel.broken.cpu_long import LATE_KEYS, correct, late_rescale
 from attention_crossval.kernel.references import CaseReferences, reference_findings
 from attention_crossval.kernel.spec import KernelSpec
-from attention_crossval.properties.strategies import attention_cases
+from attention_crossval.properties.strategies import attention_cases, long_context_cases
 from attention_crossval.reference.case import AttentionCase, AttentionResult, Mask
 from attention_crossval.reference.masks import key_ranges, visible_all, visible_counts
 from attention_crossval.reference.precision import StreamingPrecision
@@ -166,6 +166,49 @@ def test_gpu_long_preset_reaches_the_sizes_of_the_issue() -> None:
     mask = _mask(configs["long-varlen-32k"])  # building its 4 x 32k inputs takes seconds
     assert mask.k_lengths[0] == 32768 and max(mask.k_lengths[1:]) < 1024
     assert KernelSpec("x").max_seqlen >= 131072  # the default hides no preset size
+
+
+_LONG_SPEC = KernelSpec(
+    "long-strategy",
+    mask_kinds=frozenset({"causal", "varlen"}),
+    head_dims=frozenset({4, 8}),
+    tile_m=16,
+    tile_n=16,
+    device="cpu",
+)
+
+
+@settings(max_examples=16, deadline=None)
+@given(long_context_cases(spec=_LONG_SPEC, min_keys=1100, max_keys=1600))
+def test_long_context_cases_have_their_shape_and_ramps_rescale_every_block(case) -> None:
+    """At reduced sizes (1100-1600 keys, tiles of 16: ~100 blocks a row): each kind has its
+    shape, and on a ramp the streaming trace proves a rescale in every visible block after the
+    first."""
+    kind = dict(part.split("=") for part in case.label.split())["long"].split("-")[0]
+    assert 1100 <= case.Sk <= 1600 and case.Hq % case.Hkv == 0
+    if kind == "decode":
+        assert case.Sq == 1
+    elif kind == "prefill":
+        assert case.Sq == case.Sk and case.mask.causal
+    elif kind == "varlen":
+        lengths = sorted(case.mask.k_lengths)
+        assert lengths[-1] == case.Sk and lengths[-2] <= 4 * 16 + 1 and len(lengths) >= 3
+    else:
+        trace = RescaleTrace()
+        precision = StreamingPrecision.flash_attention(case.dtype)
+        streaming_attention(case, precision, block_m=16, block_n=16, trace=trace)
+        assert (trace.rescales == trace.visible_blocks - 1).all()
+        assert trace.rescales.min() >= 60
+
+
+def test_long_context_cases_default_to_32k_and_128k() -> None:
+    from attention_crossval.properties._strategies.long import _keys
+
+    assert _keys(32768, 131072, 128) == [32768, 32769, 81920, 131072]
+    with pytest.raises(ValueError, match="varlen"):
+        long_context_cases(spec=KernelSpec("x", mask_kinds=frozenset({"causal"})))
+    with pytest.raises(ValueError, match="max_keys"):
+        long_context_cases(spec=KernelSpec("x", max_seqlen=4096))
 
 
 def test_mask_without_rows_is_empty_everywhere() -> None:
