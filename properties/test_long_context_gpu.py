@@ -60,17 +60,18 @@ def _evaluate(config: Config, kernels: dict[str, str], tmp_path: Path, **options
     from attention_crossval.report.runner import Kernel, RunOptions, evaluate
 
     workers = {name: IsolatedKernel(path, timeout_s=600.0) for name, path in kernels.items()}
+    found = {}
     try:
         chosen = [Kernel(name, worker, worker) for name, worker in workers.items()]
-        records = evaluate(config, chosen, RunOptions(**options), ExactCache(tmp_path))
-        found = {record["kernel"]["name"]: record for record in records}
+        for record in evaluate(config, chosen, RunOptions(**options), ExactCache(tmp_path)):
+            name, timing = record["kernel"]["name"], record.get("timing", {})
+            phases = ", ".join(f"{k} {v:.1f}" for k, v in timing.items())
+            print(f"{name}: {record['verdict']}; {record['message']}", flush=True)
+            print(f"  {phases}\n  findings {record['findings']}", flush=True)
+            found[name] = record
     finally:
         for worker in workers.values():
             worker.close()
-    for name, record in found.items():
-        total = record.get("timing", {}).get("total_s", 0.0)
-        print(f"{name}: {record['verdict']} in {total:.1f} s; {record['message']}")
-        print(f"  findings {record['findings']}; sampling {record.get('sampling')}")
     return found
 
 
