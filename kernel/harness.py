@@ -44,6 +44,7 @@ from attention_crossval.kernel.isolation import (
     KernelCrashed,
     Run,
     execute,
+    private_copy,
 )
 from attention_crossval.kernel.references import reference_findings
 from attention_crossval.kernel.spec import KernelAdapter, KernelSpec
@@ -78,20 +79,25 @@ _BLOCKING = ("unwritten", "nonfinite", "padding-read")  # no reference checks af
 
 
 def fill_padding(case: AttentionCase, value: float) -> AttentionCase:
-    """A copy of ``case`` with ``value`` in q rows past ``q_lengths``, k/v rows past
-    ``k_lengths`` and the slots of its paged layout that no sequence may read
-    (``case.page_fill``): NaN poisons padding (reads show), 0 cleans it (for the triage run),
-    so a kernel reading a page's unused tail is a ``padding-read`` like one reading past
-    ``k_lengths``: the same read past the valid length, through the page table."""
+    """``case`` with ``value`` in q rows past ``q_lengths``, k/v rows past ``k_lengths`` and the
+    slots of its paged layout that no sequence may read (``case.page_fill``): NaN poisons
+    padding (reads show), 0 cleans it (for the triage run), so a kernel reading a page's unused
+    tail is a ``padding-read`` like one reading past ``k_lengths``: the same read past the
+    valid length, through the page table. Only arrays with lengths are copied (a case without
+    padding comes back as it is: no copy of a 4 GiB K)."""
     arrays = {}
     lengths = {"q": case.mask.q_lengths, "k": case.mask.k_lengths, "v": case.mask.k_lengths}
     for name, valid in lengths.items():
+        if valid is None:
+            continue
         array = np.array(getattr(case, name))
-        if valid is not None:
-            pad = np.arange(array.shape[1])[None, :] >= np.asarray(valid)[:, None]
-            array[pad] = value
+        array[np.arange(array.shape[1])[None, :] >= np.asarray(valid)[:, None]] = value
+        array.setflags(write=False)  # owned and read-only: the case takes it without a copy
         arrays[name] = array
     # every other field (options included) kept
+    same_fill = np.array_equal(case.page_fill, value, equal_nan=True)
+    if not arrays and (case.page_size is None or same_fill):
+        return case
     return dataclasses.replace(case, **arrays, page_fill=value)
 
 
@@ -143,7 +149,7 @@ def run_case(
             return isolated.call(which, prefill)
         # a private copy per call, as a worker gets: a kernel writing its inputs cannot change
         # the caller's case (the references are computed from it) or the next run's
-        return execute(adapter, dataclasses.replace(which), prefill)
+        return execute(adapter, private_copy(which), prefill)
 
     try:
         runs = [call(poisoned, "nan" if i == 0 else "zero") for i in range(repeats)]

@@ -38,6 +38,7 @@ from attention_crossval.kernel.isolation import (
     KernelCrashed,
     Run,
     input_arrays,
+    private_copy,
     watch_inputs,
 )
 from attention_crossval.kernel.references_backward import GRADIENTS, BackwardReferences
@@ -101,17 +102,22 @@ def backward_checks(adapter: KernelAdapter) -> frozenset[str]:
     return checks
 
 
-def execute_backward(adapter: Any, case: BackwardCase, prefill: str) -> Run:
+def execute_backward(
+    adapter: Any, case: BackwardCase, prefill: str, clean: BackwardCase | None = None
+) -> Run:
     """One backward call: ``run_backward_guarded`` when the adapter has it, else ``backward``,
-    with its inputs (q, k, v, mask, dO) watched for writes."""
+    with its inputs (q, k, v, mask, dO) watched for writes (against ``clean``, a read-only twin
+    of ``case``, when given)."""
 
     def call() -> tuple[Any, Any]:
         if hasattr(adapter, "run_backward_guarded"):
             return adapter.run_backward_guarded(case, prefill=prefill)
         return adapter.backward(case), ()
 
-    inputs = {**input_arrays(case.forward), "do": case.do}
-    return watch_inputs(inputs, call, Gradients)
+    def inputs(of: BackwardCase) -> dict:
+        return {**input_arrays(of.forward), "do": of.do}
+
+    return watch_inputs(inputs(case), call, Gradients, None if clean is None else inputs(clean))
 
 
 def unsupported_backward(spec: KernelSpec, case: BackwardCase) -> str | None:
@@ -169,7 +175,7 @@ def run_backward_case(
         if isolated is not None:
             run = isolated.call(which, prefill, method="backward")
         else:  # a private copy, as a worker gets: the references are computed from ``case``
-            run = execute_backward(adapter, dataclasses.replace(which), prefill)
+            run = execute_backward(adapter, private_copy(which), prefill)
         input_writes.extend(run.input_writes)
         return run.result, run.writes
 

@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from attention_crossval.kernel.mapped import Mapped, outbound
 from attention_crossval.kernel.spec import KernelAdapter, KernelSpec
 from attention_crossval.reference.case import AttentionCase, AttentionResult
 from attention_crossval.reference.gradients import BackwardCase, Gradients
@@ -64,25 +65,48 @@ class Run(NamedTuple):
     input_writes: tuple[str, ...] = ()
 
 
-def execute(adapter: KernelAdapter, case: AttentionCase, prefill: str) -> Run:
+def execute(
+    adapter: KernelAdapter, case: AttentionCase, prefill: str, clean: AttentionCase | None = None
+) -> Run:
     """One forward call: through ``run_guarded`` when the adapter has it, else ``adapter(case)``,
-    under :func:`watch_inputs`."""
+    under :func:`watch_inputs` (``clean``: a read-only twin of ``case`` to compare with)."""
 
     def call() -> tuple[Any, Any]:
         if hasattr(adapter, "run_guarded"):
             return adapter.run_guarded(case, prefill=prefill)
         return adapter(case), ()
 
-    return watch_inputs(input_arrays(case), call, AttentionResult)
+    before = None if clean is None else input_arrays(clean)
+    return watch_inputs(input_arrays(case), call, AttentionResult, before)
+
+
+def private_copy(case: AttentionCase | BackwardCase) -> AttentionCase | BackwardCase:
+    """``case`` with arrays of its own, as a worker gets: a kernel in this process writing
+    through a raw pointer cannot reach the caller's case (the references are computed from it)."""
+    if isinstance(case, BackwardCase):
+        return dataclasses.replace(case, forward=private_copy(case.forward))  # dO: copied there
+
+    def copy(array: np.ndarray) -> np.ndarray:
+        array = np.array(array)
+        array.setflags(write=False)  # owned and read-only: the case takes it without a copy
+        return array
+
+    return dataclasses.replace(case, **{name: copy(getattr(case, name)) for name in "qkv"})
 
 
 def watch_inputs(
-    inputs: dict[str, np.ndarray], call: Callable[[], tuple[Any, Any]], returns: type
+    inputs: dict[str, np.ndarray],
+    call: Callable[[], tuple[Any, Any]],
+    returns: type,
+    before: dict[str, np.ndarray] | None = None,
 ) -> Run:
     """``call()`` -> (result, guard-band writes), with ``inputs`` compared bitwise before and
     after, so a kernel writing into its inputs is caught wherever it runs (a worker's unpickled
-    arrays are writeable); TypeError unless the result is a ``returns``."""
-    before = {name: array.copy() for name, array in inputs.items()}
+    arrays are writeable); TypeError unless the result is a ``returns``. ``before``: the
+    inputs' bits as the caller holds them apart from the kernel's copy (a worker's read-only
+    mapping, :mod:`kernel.mapped`), else a copy is taken."""
+    if before is None:
+        before = {name: array.copy() for name, array in inputs.items()}
     result, writes = call()
     if not isinstance(result, returns):
         raise TypeError(f"the kernel returned {type(result).__name__}, not {returns.__name__}")
@@ -161,9 +185,13 @@ def _worker_main(kernel: str, conn: Any, parent_pid: int) -> None:
         message = conn.recv()
         if message is None:
             return
-        method, case, prefill = message
+        method, payload, prefill = message
         try:
-            run = _method(method)(adapter, case, prefill)
+            case, clean = payload, None
+            if isinstance(payload, Mapped):  # the kernel's copy-on-write views, and the clean ones
+                case, clean = payload.load(writable=True), payload.load(writable=False)
+            run = _method(method)(adapter, case, prefill, clean)
+            del case, clean  # drop the mappings (and any private pages) now, not at the next call
             conn.send(("ok", _plain(run.result), run.writes, run.input_writes))
         except Declined as declined:
             conn.send(("declined", str(declined), "", False))
@@ -175,7 +203,7 @@ def _worker_main(kernel: str, conn: Any, parent_pid: int) -> None:
             conn.send(("error", text, traceback.format_exc(limit=4), restart))
 
 
-def _method(name: str) -> Callable[[Any, Any, str], Run]:
+def _method(name: str) -> Callable[[Any, Any, str, Any], Run]:
     """What a worker message runs: the forward (``run``) or the backward (``backward``)."""
     if name == "backward":
         from attention_crossval.kernel.harness_backward import execute_backward
@@ -254,7 +282,7 @@ class IsolatedKernel:
         ``method`` "run" is the forward, "backward" the backward (a ``BackwardCase``)."""
         if self._process is None or not self._process.is_alive():
             self._start()
-        reply = self._request((method, case, prefill), self.timeout_s, "hang")
+        reply = self._request((method, outbound(case), prefill), self.timeout_s, "hang")
         if reply[0] == "declined":
             raise Declined(reply[1])
         if reply[0] == "error":

@@ -40,6 +40,7 @@ from attention_crossval.properties._strategies.gradients import (
     gradient_distributions,
 )
 from attention_crossval.properties._strategies.hidden import hidden_key_cases
+from attention_crossval.properties._strategies.long import LONG_KINDS, long_context_cases
 from attention_crossval.properties._strategies.masks import mask_class, masks
 from attention_crossval.properties._strategies.paged import paged_cases
 from attention_crossval.properties._strategies.scores import (
@@ -335,6 +336,7 @@ __all__ = [
     "DISTRIBUTIONS",
     "FEATURES",
     "GRADIENT_DISTRIBUTIONS",
+    "LONG_KINDS",
     "GradientDistribution",
     "REFERENCE_SPEC",
     "SURFACES",
@@ -349,6 +351,7 @@ __all__ = [
     "gradient_distributions",
     "head_counts",
     "hidden_key_cases",
+    "long_context_cases",
     "long_decode_cases",
     "length_class",
     "mask_class",

@@ -164,7 +164,8 @@ TABLE = [
             )
         },
     ),
-    e(Config, "config: q [1, 1000000000, 2, 64] has", dtype="float16", D=64, Sq=10**9, Sk=8),
+    # a Config is checked against the ceiling at construction, the run's budget when chosen
+    e(Config, "config: q [1, 10000000000, 2, 64] has", dtype="float16", D=64, Sq=10**10, Sk=8),
     # StreamingPrecision: each stage's dtype and the threshold
     e(StreamingPrecision, "score_dtype", score_dtype="float16"),
     e(StreamingPrecision, "accum_dtype", accum_dtype="bfloat16"),

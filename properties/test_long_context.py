@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from attention_crossval.kernel.broken.cpu_long import LATE_KEYS, correct, late_rescale
 from attention_crossval.kernel.references import CaseReferences, reference_findings
 from attention_crossval.kernel.spec import KernelSpec
-from attention_crossval.properties.strategies import attention_cases
+from attention_crossval.properties.strategies import attention_cases, long_context_cases
 from attention_crossval.reference.case import AttentionCase, AttentionResult, Mask
 from attention_crossval.reference.masks import key_ranges, visible_all, visible_counts
 from attention_crossval.reference.precision import StreamingPrecision
@@ -168,6 +168,49 @@ def test_gpu_long_preset_reaches_the_sizes_of_the_issue() -> None:
     assert KernelSpec("x").max_seqlen >= 131072  # the default hides no preset size
 
 
+_LONG_SPEC = KernelSpec(
+    "long-strategy",
+    mask_kinds=frozenset({"causal", "varlen"}),
+    head_dims=frozenset({4, 8}),
+    tile_m=16,
+    tile_n=16,
+    device="cpu",
+)
+
+
+@settings(max_examples=16, deadline=None)
+@given(long_context_cases(spec=_LONG_SPEC, min_keys=1100, max_keys=1600))
+def test_long_context_cases_have_their_shape_and_ramps_rescale_every_block(case) -> None:
+    """At reduced sizes (1100-1600 keys, tiles of 16: ~100 blocks a row): each kind has its
+    shape, and on a ramp the streaming trace proves a rescale in every visible block after the
+    first."""
+    kind = dict(part.split("=") for part in case.label.split())["long"].split("-")[0]
+    assert 1100 <= case.Sk <= 1600 and case.Hq % case.Hkv == 0
+    if kind == "decode":
+        assert case.Sq == 1
+    elif kind == "prefill":
+        assert case.Sq == case.Sk and case.mask.causal
+    elif kind == "varlen":
+        lengths = sorted(case.mask.k_lengths)
+        assert lengths[-1] == case.Sk and lengths[-2] <= 4 * 16 + 1 and len(lengths) >= 3
+    else:
+        trace = RescaleTrace()
+        precision = StreamingPrecision.flash_attention(case.dtype)
+        streaming_attention(case, precision, block_m=16, block_n=16, trace=trace)
+        assert (trace.rescales == trace.visible_blocks - 1).all()
+        assert trace.rescales.min() >= 60
+
+
+def test_long_context_cases_default_to_32k_and_128k() -> None:
+    from attention_crossval.properties._strategies.long import _keys
+
+    assert _keys(32768, 131072, 128) == [32768, 32769, 81920, 131072]
+    with pytest.raises(ValueError, match="varlen"):
+        long_context_cases(spec=KernelSpec("x", mask_kinds=frozenset({"causal"})))
+    with pytest.raises(ValueError, match="max_keys"):
+        long_context_cases(spec=KernelSpec("x", max_seqlen=4096))
+
+
 def test_mask_without_rows_is_empty_everywhere() -> None:
     """Zero lengths: every row empty, no key range."""
     case = AttentionCase(
@@ -177,3 +220,56 @@ def test_mask_without_rows_is_empty_everywhere() -> None:
         mask=Mask(q_lengths=(0,), k_lengths=(0,)),
     )
     assert (visible_counts(case) == 0).all()
+
+
+# Run by Triton's interpreter (TRITON_INTERPRET=1, NumPy on the CPU) in a fresh process: the
+# variable must be set before the kernel module is imported. Triton 3.6's interpreter turns a
+# loop bound into an int with int() of a 1-element array, which NumPy >= 2.4 refuses; the script
+# patches that one conversion.
+_INTERPRETED = """
+from triton.runtime import interpreter
+
+_patch = interpreter._patch_lang_tensor
+
+
+def _patched(tensor, scope):
+    _patch(tensor, scope)
+    scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+
+interpreter._patch_lang_tensor = _patched
+
+from attention_crossval.kernel.broken.triton_fa import correct, late_rescale
+from attention_crossval.kernel.harness import run_case
+from attention_crossval.report.configs import Config
+
+case = Config("float16", 16, 16, 384, Hq=2, Hkv=1, distribution="ramp", tile_n=64).build()
+for make in (late_rescale, correct):
+    adapter = make()
+    adapter.device = "cpu"
+    if adapter.switches.get("LATE_BLOCK"):
+        adapter.switches["LATE_BLOCK"] = 4  # keys past 256 instead of 32768
+    verdict = run_case(adapter, case)
+    print(adapter.spec.name, sorted({f.check for f in verdict.findings}))
+"""
+
+
+def test_triton_late_rescale_is_caught_under_the_interpreter() -> None:
+    """The Triton kernel's late-rescale bug (its threshold lowered to K block 4 of 64 keys), run
+    by Triton's interpreter: the harness fails it on ``bound``, the unbroken kernel passes the
+    same ramp. The 64k-key run on the GPU is ``test_long_context_gpu.py``."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch", reason="torch is not installed (the interpreter runs on it)")
+    pytest.importorskip("triton", reason="triton is not installed: the GPU test covers it")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    run = subprocess.run(
+        [sys.executable, "-c", _INTERPRETED], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.splitlines()[-2:] == [
+        "triton-fa-late-rescale ['bound']",
+        "triton-fa-correct []",
+    ], run.stdout

@@ -8,16 +8,24 @@ from __future__ import annotations
 
 import enum
 import math
+import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 
-# Largest array a case or a report config may describe, in elements (q, k, v and the output o
-# each): 2**28 is 2 GiB as float64, ten times the largest preset; beyond it the tiers' float64
-# copies exhaust a workstation, so it is refused up front instead of failing with MemoryError.
+# Element budget per array (q, k, v and the output o each) of a case or a report config: the
+# tiers' float64 copies of a larger case exhaust a workstation, so it is refused up front instead
+# of failing with MemoryError. 2**28 is 2 GiB as float64, ten times the largest CPU preset. A
+# bigger host raises it for one run through $ATTENTION_CROSSVAL_MAX_ELEMENTS (docs/long-context.md,
+# "Tensors above 2^31 elements"), up to MAX_ELEMENTS_CEILING.
 MAX_ELEMENTS = 1 << 28
+ELEMENTS_ENV = "ATTENTION_CROSSVAL_MAX_ELEMENTS"
+# Largest budget the variable may set: keeps Sk * 2**prec_bits of the exact tier below 2**1024
+# (reference.exact.MAX_PREC_BITS) and refuses configs no machine holds before anything is built.
+MAX_ELEMENTS_CEILING = 1 << 40
 # Most splits a split-KV case may ask for (flash_attn.cute's combine takes at most 256).
 MAX_SPLITS = 256
 # How a kernel is handed q, k, v: padded [B, S, H, X] with valid lengths, or packed varlen
@@ -42,15 +50,73 @@ def dtype_name(dtype: np.dtype | str) -> str:
     return name
 
 
-def check_element_budget(where: str, shapes: dict[str, tuple[int, ...]]) -> None:
-    """ValueError naming the first array of ``shapes`` above :data:`MAX_ELEMENTS`."""
+def element_budget() -> int:
+    """Elements allowed per array: ``$ATTENTION_CROSSVAL_MAX_ELEMENTS`` (an int, or ``2**N``)
+    when set, else :data:`MAX_ELEMENTS`. Read at each check, so a run can raise it."""
+    text = os.environ.get(ELEMENTS_ENV, "").strip()
+    if not text:
+        return MAX_ELEMENTS
+    power = re.fullmatch(r"2\*\*(\d{1,3})", text)
+    value = 2 ** int(power[1]) if power else int(text) if text.isdigit() else 0
+    if not 1 <= value <= MAX_ELEMENTS_CEILING:
+        raise ValueError(
+            f"{ELEMENTS_ENV}={text!r} must be an int (or 2**N) in [1, 2**40]: elements per array"
+        )
+    return value
+
+
+def _power(count: int) -> str:
+    return f"2**{count.bit_length() - 1}" if count & (count - 1) == 0 else str(count)
+
+
+def check_element_budget(
+    where: str, shapes: dict[str, tuple[int, ...]], budget: int | None = None
+) -> None:
+    """ValueError naming the first array of ``shapes`` above ``budget`` elements (default:
+    :func:`element_budget`), the limit and how to raise it."""
+    limit = element_budget() if budget is None else budget
     for name, shape in shapes.items():
         count = math.prod(shape)
-        if count > MAX_ELEMENTS:
+        if count > limit:
+            how = (
+                f"the most {ELEMENTS_ENV} may allow"
+                if limit == MAX_ELEMENTS_CEILING
+                else f"{ELEMENTS_ENV} raises it, default MAX_ELEMENTS=2**28"
+            )
             raise ValueError(
                 f"{where}{name} {list(shape)} has {count} elements: above the element budget "
-                f"MAX_ELEMENTS=2**28 per array (reference.case.MAX_ELEMENTS)"
+                f"{_power(limit)} per array ({how})"
             )
+
+
+def frozen(array: np.ndarray) -> np.ndarray:
+    """``array`` as a case holds it: read-only and owning its memory. An array that already is
+    both (a case's own, handed on by ``dataclasses.replace`` or :func:`kernel.harness.fill_padding`)
+    is taken as it is, anything else copied: a derived case of a 4 GiB K costs no copy."""
+    if array.flags.owndata and not array.flags.writeable:
+        return array
+    copy = np.array(array, copy=True)
+    copy.setflags(write=False)
+    return copy
+
+
+# Exponent bits of each input dtype: all set means inf or NaN.
+_EXPONENT = {"float16": 0x7C00, "bfloat16": 0x7F80, "float32": 0x7F800000}
+_FINITE_CHUNK = 1 << 24  # elements tested at once
+
+
+def nonfinite_rows(array: np.ndarray) -> np.ndarray:
+    """Bool ``[B, S, H]``: rows of a ``[B, S, H, X]`` input holding an inf or NaN, read from
+    the exponent bits in chunks of the sequence axis (no float copy of the input)."""
+    B, S, H, X = array.shape
+    exponent = _EXPONENT[array.dtype.name]
+    bits = array.view(f"u{array.dtype.itemsize}")
+    bad = np.zeros((B, S, H), dtype=bool)
+    step = max(1, _FINITE_CHUNK // max(1, B * H * X))
+    for start in range(0, S, step):
+        chunk = bits[:, start : start + step]
+        bad[:, start : start + step] = ((chunk & exponent) == exponent).any(axis=-1)
+    return bad
 
 
 class CausalAlignment(enum.Enum):
@@ -226,9 +292,7 @@ class AttentionCase:
         self._check_surface()
         self._check_call_options()
         for name in ("q", "k", "v"):
-            array = np.array(getattr(self, name), copy=True)
-            array.setflags(write=False)
-            object.__setattr__(self, name, array)
+            object.__setattr__(self, name, frozen(getattr(self, name)))
         self._check_finite()
 
     def _check_shapes(self) -> None:
@@ -339,25 +403,27 @@ class AttentionCase:
         return frozenset(options | ({"packed"} if self.layout == "packed" else set()))
 
     def _check_finite(self) -> None:
+        """Chunked over the sequence axis on the bit patterns: no float32 copy of a 4 GiB K."""
         for name, lengths in (
             ("q", self.mask.q_lengths),
             ("k", self.mask.k_lengths),
             ("v", self.mask.k_lengths),
         ):
-            array = getattr(self, name).astype(np.float32)
-            bad = ~np.isfinite(array)
+            array = getattr(self, name)
+            bad = nonfinite_rows(array)  # [B, S, H]
             if lengths is not None:
                 positions = np.arange(array.shape[1])[None, :]
-                bad &= (positions < np.asarray(lengths)[:, None])[:, :, None, None]
+                bad &= (positions < np.asarray(lengths)[:, None])[:, :, None]
             if bad.any() and name != "q":  # K/V behind a mask may hold anything, as padding
                 from attention_crossval.reference.masks import hidden_keys  # masks imports us
 
-                bad &= ~hidden_keys(self)[..., None]
+                bad &= ~hidden_keys(self)
             if bad.any():
-                index = tuple(int(i) for i in np.argwhere(bad)[0])
+                b, s, h = (int(i) for i in np.argwhere(bad)[0])
+                row = array[b, s, h].astype(np.float32)
+                x = int(np.flatnonzero(~np.isfinite(row))[0])
                 raise ValueError(
-                    f"{name} must be finite outside padding, "
-                    f"found {array[index]} at {name}{list(index)}"
+                    f"{name} must be finite outside padding, found {row[x]} at {name}{[b, s, h, x]}"
                 )
 
     # Shape letters, as in the glossary.

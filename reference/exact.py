@@ -88,8 +88,8 @@ EXP_FIXED_ERROR_BOUND = 64
 #: from ``exp`` at extra precision; the test samples it against a much wider evaluation).
 TANH_ERROR_BOUND = 64
 
-#: Largest ``prec_bits``: a row sum (up to ``Sk 2^prec_bits``, Sk <= 2^28 by the element budget
-#: reference.case.MAX_ELEMENTS) must stay below 2^1024 to be converted to a float64.
+#: Largest ``prec_bits``: a row sum (up to ``Sk 2^prec_bits``, Sk <= 2^40 by the element budget's
+#: ceiling reference.case.MAX_ELEMENTS_CEILING) must stay below 2^1024 to become a float64.
 MAX_PREC_BITS = 960
 
 _EXACT_FLOAT64_BITS = 53  # integers below 2^53 are exact in float64

@@ -69,9 +69,13 @@ class _Torch:
         self.maximum, self.where, self.abs = torch.maximum, torch.where, torch.abs
 
     def array(self, x: np.ndarray) -> Any:
-        # a writable copy (case arrays are read-only); torch has no NumPy bfloat16: widen it
-        source = np.array(x, dtype=np.float32 if x.dtype.name == "bfloat16" else x.dtype)
-        tensor = self.torch.from_numpy(source).to(self.device).to(self.dtype)
+        # The input's bits go to the device and are widened there: torch has no NumPy bfloat16,
+        # and a host float32 copy of a long K costs seconds. A writable copy of the (read-only)
+        # case array, as torch.from_numpy wants; only one K or V head at a time.
+        bf16 = x.dtype.name == "bfloat16"
+        tensor = self.torch.from_numpy(np.array(x.view(np.uint16) if bf16 else x))
+        tensor = tensor.to(self.device)
+        tensor = (tensor.view(self.torch.bfloat16) if bf16 else tensor).to(self.dtype)
         return self.torch.nan_to_num(tensor, nan=0.0, posinf=0.0, neginf=0.0)
 
     def index(self, x: np.ndarray) -> Any:

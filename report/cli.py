@@ -27,6 +27,7 @@ from attention_crossval.kernel.isolation import MAX_TIMEOUT_S  # noqa: E402
 from attention_crossval.report.backward import PASSES  # noqa: E402
 from attention_crossval.report.configs import (  # noqa: E402
     PRESETS,
+    Config,
     load_config_file,
     preset,
     sampled_configs,
@@ -293,6 +294,9 @@ def _configs(args: argparse.Namespace, kernels: list) -> list:
         configs = [c for c in configs if args.only in c.name]
         if not configs:
             raise ValueError(f"--only={args.only!r} matches no config name")
+    for config in configs:  # the run's element budget, before any config is built
+        if isinstance(config, Config):
+            config.check_budget()
     return unique(configs)
 
 

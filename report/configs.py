@@ -29,6 +29,7 @@ from attention_crossval.properties._strategies.shapes import Shape
 from attention_crossval.reference.case import (
     INPUT_DTYPES,
     LAYOUTS,
+    MAX_ELEMENTS_CEILING,
     MAX_SPLITS,
     AttentionCase,
     CausalAlignment,
@@ -121,8 +122,9 @@ class Config:
             )
         if self.Hq % self.Hkv:
             raise ValueError(f"config.Hq={self.Hq} must be a multiple of config.Hkv={self.Hkv}")
-        q, kv = (self.B, self.Sq, self.Hq, self.D), (self.B, self.Sk, self.Hkv, self.D)
-        check_element_budget("config: ", {"q": q, "k": kv, "v": kv, "o": q})
+        # the run's budget applies when configs are chosen (check_budget) and built; here only
+        # the ceiling, so a preset above the default budget can still be listed and sharded
+        check_element_budget("config: ", self.shapes(), MAX_ELEMENTS_CEILING)
         if not isinstance(self.mask, str) or self.mask not in MASK_KINDS:
             raise ValueError(f"config.mask={self.mask!r} must be one of {list(MASK_KINDS)}")
         if not isinstance(self.distribution, str) or self.distribution not in DISTRIBUTIONS:
@@ -180,6 +182,17 @@ class Config:
             name += "" if self.layout is None else f"-{self.layout}"
             object.__setattr__(self, "name", name if self.seed == 0 else f"{name}-s{self.seed}")
 
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        """The layouts of q, k, v and o this recipe builds."""
+        q, k = (self.B, self.Sq, self.Hq, self.D), (self.B, self.Sk, self.Hkv, self.D)
+        v, o = (*k[:3], self.Dv or self.D), (*q[:3], self.Dv or self.D)
+        return {"q": q, "k": k, "v": v, "o": o}
+
+    def check_budget(self) -> None:
+        """ValueError naming this config, its first array above the run's element budget
+        (:func:`reference.case.element_budget`) and how to raise it."""
+        check_element_budget(f"config {self.name}: ", self.shapes())
+
     def fields(self) -> dict:
         """The recipe as plain JSON values (what the report records and config files hold);
         :data:`_OPTIONAL` fields only when set."""
@@ -193,7 +206,9 @@ class Config:
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def build(self) -> AttentionCase:
-        """The case this recipe describes (deterministic in the fields)."""
+        """The case this recipe describes (deterministic in the fields); refused under the
+        run's element budget before any array is drawn."""
+        self.check_budget()
         recipe = {key: value for key, value in self.fields().items() if key != "name"}
         rng = np.random.default_rng([self.seed, _stable_int(json.dumps(recipe, sort_keys=True))])
         mask = _mask(self)
@@ -211,6 +226,8 @@ class Config:
                 a.astype(INPUT_DTYPES[self.dtype])
                 for a in DISTRIBUTIONS[self.distribution].build(context)
             )
+        for array in (q, k, v):  # owned and read-only: the case takes them without a copy
+            array.setflags(write=False)
         sink = None if self.sink is None else np.full(self.Hq, self.sink, np.float32)
         return AttentionCase(
             q,
@@ -407,6 +424,33 @@ def _long_context() -> list[Config]:
     ]
 
 
+# Keys of the gpu-huge decode: K and V hold (2^21 + 128) * 8 * 128 = 2^31 + 2^17 elements each, so
+# the last K block starts past element 2^31 (an int32 element offset wraps there) and its byte
+# offsets past 2^32. 4 GiB per bf16 tensor.
+HUGE_KEYS = (1 << 21) + 128
+
+
+def _huge() -> list[Config]:
+    """``gpu-huge``: one tensor above 2^31 elements (docs/long-context.md). A decode (Sq = 1)
+    against 2^21 + 128 keys, Hq = Hkv = 8, D = 128, bf16: K and V of 4 GiB each. The
+    ``last_block_spike`` distribution puts each row's largest logit on its last key, past
+    element 2^31 of K, so a kernel that wraps its offsets there reads the wrong keys and its
+    output is far off. Above the default element budget: run it with
+    ``ATTENTION_CROSSVAL_MAX_ELEMENTS=2**32`` on a host with about 64 GiB of free memory."""
+    return [
+        Config(
+            "bfloat16",
+            128,
+            1,
+            HUGE_KEYS,
+            Hq=8,
+            Hkv=8,
+            distribution="last_block_spike",
+            name="huge-decode-2g",
+        )
+    ]
+
+
 PRESETS: dict[str, Callable[[], list[Config]]] = {
     # Smoke test: two tiny configs (tests and a first look).
     "tiny": lambda: grid(
@@ -448,6 +492,7 @@ PRESETS: dict[str, Callable[[], list[Config]]] = {
     # softcap, sinks, paged KV, split-KV and packed varlen (kernels that lack one: unsupported)
     "surface": _surface,
     "gpu-long": _long_context,
+    "gpu-huge": _huge,
 }
 
 

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from attention_crossval.kernel.known_findings import covering, run_with_known
+from attention_crossval.kernel.mapped import release
 from attention_crossval.kernel.references import PAIR_BOUND_SCALE, CaseReferences, output_dtype
 from attention_crossval.reference.case import AttentionCase
 from attention_crossval.reference.exact import check_prec_bits
@@ -134,6 +135,7 @@ def evaluate(
             section = backward_section(case, seed, kernel, options)
             record = clean(with_backward(record, section, forward_ran=forward))
         yield record
+    release()  # the case's mapped file, if its inputs were large (kernel.mapped)
 
 
 # The phases of a forward record's wall time (docs/long-context.md#timing); they add up to

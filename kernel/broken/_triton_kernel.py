@@ -3,6 +3,8 @@
 The loop body is the streaming tier's, in exp2 form:
 S = Q K^T; m_new = max(m, rowmax(S)); alpha = exp2((m - m_new) scale_log2);
 P = exp2(S scale_log2 - m_new scale_log2); l = l alpha + rowsum(P); O = O alpha + P V.
+Offsets are int64 (a K of more than 2^31 elements is addressed right) unless ``OFFSETS_64`` is
+off: then ``key * stride`` is int32 and wraps past element 2^31.
 """
 
 import triton
@@ -44,6 +46,8 @@ def attention_fwd(
     MASK_STORE: tl.constexpr,
     SKIP_LAST: tl.constexpr,
     KEY_LIMIT_PADDED: tl.constexpr,
+    LATE_BLOCK: tl.constexpr,
+    OFFSETS_64: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     b = tl.program_id(1) // Hq
@@ -54,6 +58,9 @@ def attention_fwd(
     key_limit = Sk if KEY_LIMIT_PADDED else k_len  # bug: padded keys read and used
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols0 = tl.arange(0, BLOCK_N)
+    if OFFSETS_64:
+        b, h, kh, rows = b.to(tl.int64), h.to(tl.int64), kh.to(tl.int64), rows.to(tl.int64)
+        cols0 = cols0.to(tl.int64)  # bug when off: key * stride in int32 wraps past 2^31
     dims = tl.arange(0, D)
     q = tl.load(
         Q + b * sq_b + h * sq_h + rows[:, None] * sq_s + dims[None, :],
@@ -80,7 +87,10 @@ def attention_fwd(
             V + b * sv_b + kh * sv_h + cols[:, None] * sv_s + dims[None, :], mask=kv_ok, other=0.0
         )
         if RESCALE:
-            acc = acc * alpha[:, None]  # O = O * alpha (the bug drops this line)
+            if LATE_BLOCK > 0:  # bug: O not rescaled from K block LATE_BLOCK on
+                acc = acc * tl.where(start < LATE_BLOCK * BLOCK_N, alpha, 1.0)[:, None]
+            else:
+                acc = acc * alpha[:, None]  # O = O * alpha (the no_rescale bug drops this line)
         acc = tl.dot(p.to(v.dtype), v, acc)  # O += P V
         m_i = m_new
     empty = l_i == 0.0

@@ -8,6 +8,12 @@ names the harness check that must catch it (``expected_check``):
 * ``oob_write``: stores whole query tiles past ``Sq`` -> ``output-guard``.
 * ``skip_last_tile``: never writes the last query tile -> ``unwritten``.
 * ``read_padding``: uses keys past ``k_lengths`` -> ``padding-read``.
+* ``late_rescale``: skips ``O = O * alpha`` from K block :data:`LATE_BLOCK` on (keys past
+  32768): exact on every row with fewer visible keys -> ``bound`` past 32k keys only
+  (docs/long-context.md).
+* ``int32_offsets``: ``key * stride`` in int32, which wraps once a K or V has more than 2^31
+  elements (the ``gpu-huge`` preset): it then reads far outside the tensor -> ``error`` (an
+  illegal address) where nothing is mapped there, else wrong keys (``bound`` / ``nonfinite``).
 """
 
 from __future__ import annotations
@@ -21,12 +27,15 @@ from attention_crossval.kernel.spec import KernelSpec
 from attention_crossval.reference.case import AttentionCase, CausalAlignment
 
 BLOCK_M, BLOCK_N = 64, 64
+LATE_BLOCK = 512  # late_rescale: the first K block (of BLOCK_N keys) whose O is not rescaled
 _BUGS = {
     "correct": ({}, None),
     "no_rescale": ({"RESCALE": False}, "bound"),
     "oob_write": ({"MASK_STORE": False}, "output-guard"),
     "skip_last_tile": ({"SKIP_LAST": True}, "unwritten"),
     "read_padding": ({"KEY_LIMIT_PADDED": True}, "padding-read"),
+    "late_rescale": ({"LATE_BLOCK": LATE_BLOCK}, "bound"),
+    "int32_offsets": ({"OFFSETS_64": False}, "error"),
 }
 
 
@@ -37,7 +46,7 @@ class TritonFlashAdapter(_torch.GuardedOutputsAdapter):
     variant: str
     spec: KernelSpec
     expected_check: str | None
-    switches: dict[str, bool] = field(default_factory=dict)
+    switches: dict[str, bool | int] = field(default_factory=dict)
 
     @classmethod
     def create(cls, variant: str) -> TritonFlashAdapter:
@@ -72,6 +81,8 @@ class TritonFlashAdapter(_torch.GuardedOutputsAdapter):
             "MASK_STORE": True,
             "SKIP_LAST": False,
             "KEY_LIMIT_PADDED": False,
+            "LATE_BLOCK": 0,
+            "OFFSETS_64": True,
         }
         switches.update(self.switches)
         grid = (max(1, math.ceil(case.Sq / BLOCK_M)), case.B * case.Hq)
@@ -103,3 +114,11 @@ def skip_last_tile() -> TritonFlashAdapter:
 
 def read_padding() -> TritonFlashAdapter:
     return TritonFlashAdapter.create("read_padding")
+
+
+def late_rescale() -> TritonFlashAdapter:
+    return TritonFlashAdapter.create("late_rescale")
+
+
+def int32_offsets() -> TritonFlashAdapter:
+    return TritonFlashAdapter.create("int32_offsets")
