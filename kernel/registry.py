@@ -36,6 +36,8 @@ BUILTIN: dict[str, tuple[str, str | None]] = {
     # torch.compile'd FlexAttention: a CUDA kernel (spec.device "cuda"), available with torch
     "flex-attention": ("attention_crossval.kernel.adapters.flex:create", "torch"),
     "own-sm90": ("attention_crossval.kernel.adapters.own_sm90:create", "cutlass"),
+    # the same kernel declaring GQA, varlen and windows: compiled for sm_90a, never run
+    "own-sm90-full": ("attention_crossval.kernel.adapters.own_sm90:create_full", "cutlass"),
     "own-sm100": (
         "attention_crossval.kernel.adapters.own_sm100:create",
         "cutlass",
@@ -47,6 +49,9 @@ IN_PROCESS = frozenset({"streaming-fa"})
 GPU_BUILTIN = tuple(name for name in BUILTIN if name != "streaming-fa")
 # Built-ins whose forward is another built-in's: in the backward suite's defaults only.
 BACKWARD_VARIANTS = frozenset({"flash-attn-cute-deterministic"})
+# Built-ins compiled but never run on a GPU: reachable with --kernel only, so a default GPU run
+# neither fails on them nor vouches for them. A built-in leaves this set after its first GPU run.
+NEVER_RUN = frozenset({"own-sm90-full"})
 # Built-ins that run on one GPU generation only (compute capability major): left out of the
 # defaults on other GPUs, where they would decline every case; still reachable with --kernel.
 REQUIRED_COMPUTE_MAJOR = {"own-sm100": 10}
@@ -136,10 +141,12 @@ def available(names: tuple[str, ...] = tuple(BUILTIN)) -> list[str]:
 def default_kernels(has_gpu: bool, *, backward: bool = False) -> list[str]:
     """What ``--kernel`` means when not given: every available GPU adapter that can run on
     this GPU (see :data:`REQUIRED_COMPUTE_MAJOR`; the :data:`BACKWARD_VARIANTS` only for the
-    backward), else the CPU one."""
+    backward; never the :data:`NEVER_RUN` ones), else the CPU one."""
     if not has_gpu:
         return ["streaming-fa"]
-    names = [name for name in available(GPU_BUILTIN) if _runs_on_this_gpu(name)]
+    names = [
+        name for name in available(GPU_BUILTIN) if name not in NEVER_RUN and _runs_on_this_gpu(name)
+    ]
     return [name for name in names if backward or name not in BACKWARD_VARIANTS]
 
 

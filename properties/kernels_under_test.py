@@ -19,6 +19,7 @@ from attention_crossval.kernel.registry import (
     BACKWARD_VARIANTS,
     GPU_BUILTIN,
     IN_PROCESS,
+    NEVER_RUN,
     default_kernels,
     resolve,
 )
@@ -75,7 +76,9 @@ def chosen_kernels(config: pytest.Config, *, backward: bool = False) -> list[str
     chosen = config.getoption("--kernel")
     if chosen:
         return list(dict.fromkeys(chosen))
-    listed = [n for n in GPU_BUILTIN if backward or n not in BACKWARD_VARIANTS]
+    listed = [
+        n for n in GPU_BUILTIN if (backward or n not in BACKWARD_VARIANTS) and n not in NEVER_RUN
+    ]
     gpus = default_kernels(has_gpu=True, backward=backward) or listed
     return gpus if cuda_available()[0] else [*gpus, *default_kernels(has_gpu=False)]
 

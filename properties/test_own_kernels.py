@@ -1,14 +1,18 @@
 """The project's own CuTe DSL kernels: compile-only checks on the CPU, correctness on the GPU.
 
 CPU (``cutlass`` from nvidia-cutlass-dsl, no GPU): the SM90 kernel compiles for sm_90a in every
-configuration the adapter declares, and the PTX holds the instructions that prove the hardware
-path (WGMMA, TMA, ex2.approx, setmaxnreg honoured through ``.minnctapersm 1``); ptxas reports no
-spills. The KV block range that decides which blocks are visited and which are masked is checked
-against the one visibility predicate (reference/masks.py).
+configuration the adapters ``own-sm90`` and ``own-sm90-full`` declare, and the PTX holds the
+instructions that prove the hardware path (WGMMA, TMA, ex2.approx, setmaxnreg honoured through
+``.minnctapersm 1``; for the varlen path of ``own-sm90-full`` also the proxy fence and the named
+barrier that guard the zeroed V rows); ptxas reports no spills. The kernel's walk over the KV
+blocks (which blocks a query tile visits, which it masks, which V rows it zeroes) is replayed in
+NumPy from the same helpers the kernel calls, and checked against the one visibility predicate
+(reference/masks.py), with GQA-free lengths, causal and windows drawn by Hypothesis.
 
-GPU: the adapter ``own-sm90`` under the defensive harness, on Hypothesis cases inside its
-declaration (the test of properties/test_kernels.py) and on targeted cases (multi-block rescale,
-seqlen_k residue, bottom-right causal with empty rows).
+GPU: the adapters under the defensive harness, on Hypothesis cases inside their declarations
+(the test of properties/test_kernels.py) and on targeted cases (multi-block rescale, seqlen_k
+residue, bottom-right causal with empty rows; for ``own-sm90-full``, which has never run: GQA,
+NaN padding in a partial last block, empty sequences, window edges).
 """
 
 from __future__ import annotations
@@ -19,11 +23,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from attention_crossval.kernel.adapters.own_sm90 import window_bounds
 from attention_crossval.kernel.harness import run_case
-from attention_crossval.kernel.registry import resolve
+from attention_crossval.kernel.registry import BUILTIN, NEVER_RUN, resolve
 from attention_crossval.properties.kernels_under_test import worker
 from attention_crossval.properties.test_kernels import (  # noqa: F401 - autouse fixture, reused
     _close_workers,
@@ -44,6 +49,8 @@ CONFIGS = [
     for head_dim in (64, 128)
     for causal in (False, True)
 ]
+# own-sm90-full: every case goes through the varlen path; the window is a compile-time choice.
+FULL_CONFIGS = [(*config, window) for config in CONFIGS for window in (False, True)]
 PTX_MUST_HAVE = (
     "wgmma.mma_async.sync.aligned",
     "ex2.approx.ftz.f32",
@@ -51,6 +58,9 @@ PTX_MUST_HAVE = (
     "setmaxnreg",
     ".minnctapersm 1",
 )
+# The zeroed V rows of a partial block: generic-proxy stores made visible to the WGMMA (async
+# proxy), then the consumer warpgroups' named barrier.
+PTX_VARLEN_MUST_HAVE = ("fence.proxy.async.shared::cta", "bar.sync 1, 256")
 
 
 def _sm90(dtype: str, head_dim: int, causal: bool):
@@ -62,21 +72,57 @@ def _sm90(dtype: str, head_dim: int, causal: bool):
     )
 
 
+def _ptx(compiled: object) -> str:
+    """The PTX text of a compile with ``--keep-ptx`` (the DSL gives the text or its file)."""
+    ptx = compiled.artifacts.PTX
+    text = Path(ptx).read_text() if "\n" not in ptx and Path(ptx).is_file() else ptx
+    return re.sub(r"[ \t]+", " ", text)
+
+
+def assert_sm90_ptx(ptx: str, dtype: str, head_dim: int) -> None:
+    """The hardware path is in the PTX: WGMMA of both GEMMs' shapes, TMA, ex2, setmaxnreg."""
+    missing = [spelling for spelling in PTX_MUST_HAVE if spelling not in ptx]
+    assert not missing, f"PTX lacks {missing}"
+    mma = "bf16.bf16" if dtype == "bfloat16" else "f16.f16"
+    assert f"wgmma.mma_async.sync.aligned.m64n128k16.f32.{mma}" in ptx
+    assert f"wgmma.mma_async.sync.aligned.m64n{head_dim}k16.f32.{mma}" in ptx
+
+
 @pytest.mark.cpu
 @needs_cutlass
 @pytest.mark.parametrize(("dtype", "head_dim", "causal"), CONFIGS)
 def test_sm90_compiles_to_wgmma_tma_ex2(
     dtype: str, head_dim: int, causal: bool, tmp_path: Path
 ) -> None:
-    """Every declared configuration compiles for sm_90a without a GPU, down to the hardware
-    instructions (a silently wrong arch or a scalar fallback would lose them)."""
+    """Every configuration ``own-sm90`` declares compiles for sm_90a without a GPU, down to the
+    hardware instructions (a silently wrong arch or a scalar fallback would lose them)."""
     kernel = _sm90(dtype, head_dim, causal)
-    ptx = kernel.compile(options=f"--keep-ptx --dump-dir={tmp_path}").artifacts.PTX
-    missing = [spelling for spelling in PTX_MUST_HAVE if spelling not in ptx]
+    ptx = _ptx(kernel.compile(options=f"--keep-ptx --dump-dir={tmp_path}"))
+    assert_sm90_ptx(ptx, dtype, head_dim)
+    assert "fence.proxy.async.shared::cta" not in ptx  # no varlen path in own-sm90
+
+
+@pytest.mark.cpu
+@needs_cutlass
+@pytest.mark.parametrize(("dtype", "head_dim", "causal", "window"), FULL_CONFIGS)
+def test_sm90_full_compiles_without_spills(
+    dtype: str,
+    head_dim: int,
+    causal: bool,
+    window: bool,
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """Every variant ``own-sm90-full`` compiles (GQA, per-batch lengths, with or without a
+    window, causal or not) builds for sm_90a with the hardware path, the guard of the zeroed V
+    rows, and no register spills (ptxas' report of the same compile)."""
+    kernel = _sm90(dtype, head_dim, causal)
+    options = f"--keep-ptx --dump-dir={tmp_path} remarks{{ptx}}"
+    ptx = _ptx(kernel.compile(options=options, varlen=True, window=window))
+    assert_sm90_ptx(ptx, dtype, head_dim)
+    missing = [spelling for spelling in PTX_VARLEN_MUST_HAVE if spelling not in ptx]
     assert not missing, f"PTX lacks {missing}"
-    mma = "bf16.bf16" if dtype == "bfloat16" else "f16.f16"
-    assert f"wgmma.mma_async.sync.aligned.m64n128k16.f32.{mma}" in ptx
-    assert f"wgmma.mma_async.sync.aligned.m64n{head_dim}k16.f32.{mma}" in ptx
+    assert_no_spills("".join(capfd.readouterr()))
 
 
 @pytest.mark.cpu
@@ -167,67 +213,118 @@ def test_sm90_register_views_match_the_mma_layouts(head_dim: int) -> None:
             assert cols == list(range(TILE_N)), f"quad at lane {quad}, row {r}: columns {cols}"
 
 
+def _near_multiples(unit: int, low: int) -> st.SearchStrategy[int]:
+    """Lengths and window sides where the block arithmetic turns: within 2 of a multiple of
+    ``unit`` (up to 5 of them), or anywhere up to 5 units."""
+    edges = st.builds(lambda t, d: max(low, unit * t + d), st.integers(0, 5), st.integers(-2, 2))
+    return st.one_of(edges, st.integers(low, 5 * unit))
+
+
 @pytest.mark.cpu
 @needs_cutlass
+@settings(max_examples=400)  # cheap (no compile), and the only check before a GPU run
 @given(
-    seqlen_q=st.integers(1, 700),
-    seqlen_k=st.integers(1, 700),
+    tiles=st.sampled_from([(128, 128), (8, 8), (16, 8), (8, 16)]),
     causal=st.booleans(),
     data=st.data(),
 )
-def test_kv_block_range_covers_exactly_the_visible_keys(
-    seqlen_q: int, seqlen_k: int, causal: bool, data: st.DataObject
+def test_kernel_block_walk_sees_exactly_the_visible_keys(
+    tiles: tuple[int, int], causal: bool, data: st.DataObject
 ) -> None:
-    """Blocks below ``n_block_max`` hold every key some valid row of the tile sees; blocks below
-    ``n_block_unmasked`` are seen whole by every valid row (so skipping their mask is exact);
-    with causal, no block at or past ``n_block_max`` holds a key the tile's rows see."""
-    from attention_crossval.kernel.common.mask import kv_block_range
+    """The SM90 kernel's walk over the KV blocks, replayed on Python ints with the helpers it
+    calls (kernel/common/mask.py) and the adapter's window clamp, for every query tile:
 
-    tile_m, tile_n = 128, 128
-    m_block = data.draw(st.integers(0, (seqlen_q - 1) // tile_m), label="m_block")
-    n_block_max, n_block_unmasked = kv_block_range.__wrapped__(
-        m_block, seqlen_q, seqlen_k, tile_m, tile_n, causal
+    * it visits exactly the KV blocks holding a key some valid row of the tile sees (none for a
+      tile past ``q_length``: varlen padding, nor past ``k_length``), so skipping the others at
+      both ends of the loop loses nothing;
+    * blocks it does not mask are seen whole by every valid row of the tile, and with the mask
+      on the others, the keys each valid row weights are exactly those reference/masks.py makes
+      visible;
+    * in a visited block, the rows past ``k_length`` inside the tensor (NaN padding under the
+      harness) are exactly the V rows it zeroes.
+
+    The kernel's 128 x 128 tiles, and small ones with the same arithmetic, where a few hundred
+    examples reach every alignment of lengths and window sides to the tile edges.
+    """
+    from attention_crossval.kernel.common.mask import (
+        block_needs_mask,
+        key_range,
+        kv_block_range,
+        padded_key_rows,
     )
-    q, kv = (np.zeros((1, n, 1, 1), np.float16) for n in (seqlen_q, seqlen_k))
-    case = AttentionCase(q, kv, kv, mask=Mask(causal=causal))
-    rows = np.arange(m_block * tile_m, min((m_block + 1) * tile_m, seqlen_q))
-    seen = visible(case, 0, 0, rows=rows)  # [rows, Sk]
-    block_of_key = np.arange(seqlen_k) // tile_n
-    assert (block_of_key[seen.any(axis=0)] < n_block_max).all()
-    assert seen[:, block_of_key < n_block_unmasked].all()
-    if causal and seen.any():
-        assert n_block_max == block_of_key[seen.any(axis=0)].max() + 1
+
+    tile_m, tile_n = tiles
+    unit = max(tiles)
+    Sq, Sk = (data.draw(_near_multiples(unit, 1), label=name) for name in ("Sq", "Sk"))
+    q_lengths = data.draw(st.none() | st.tuples(st.integers(0, Sq)), label="q_lengths")
+    k_lengths = data.draw(st.none() | st.tuples(st.integers(0, Sk)), label="k_lengths")
+    left, right = (
+        data.draw(st.one_of(st.none(), _near_multiples(unit, 0), st.just(2**31 - 1)), label=side)
+        for side in ("window_left", "window_right")
+    )
+    mask = Mask(causal, left, right, q_lengths=q_lengths, k_lengths=k_lengths)
+    q, kv = (np.zeros((1, n, 1, 1), np.float16) for n in (Sq, Sk))
+    case = AttentionCase(q, kv, kv, mask=mask)
+    q_len, k_len = case.q_length(0), case.k_length(0)
+    window = window_bounds(mask, Sq, Sk) or (None, None)
+    seen = visible(case, 0, 0)  # [Sq, Sk]
+    weighted = np.zeros_like(seen)
+    for m_block in range((Sq + tile_m - 1) // tile_m):
+        n_min, n_max, unmasked_min, unmasked_max = kv_block_range(
+            m_block, q_len, k_len, tile_m, tile_n, causal, *window
+        )
+        rows = np.arange(m_block * tile_m, min((m_block + 1) * tile_m, q_len))
+        keys_seen = np.flatnonzero(seen[rows].any(axis=0))
+        assert list(range(n_min, n_max)) == sorted(set(keys_seen // tile_n)), m_block
+        ranges = [key_range(r, q_len, k_len, causal, *window) for r in rows]
+        for n_block in range(n_min, n_max):
+            cols = np.arange(n_block * tile_n, min((n_block + 1) * tile_n, Sk))
+            if block_needs_mask(n_block, unmasked_min, unmasked_max, window[0] is not None):
+                for row, (start, limit) in zip(rows, ranges, strict=True):
+                    weighted[row, cols] = (cols >= start) & (cols < limit)
+            else:
+                weighted[np.ix_(rows, cols)] = True
+            zeroed = range(*padded_key_rows(n_block, k_len, Sk, tile_n))
+            assert list(zeroed) == [c - n_block * tile_n for c in cols if c >= k_len]
+    np.testing.assert_array_equal(weighted[:q_len], seen[:q_len])
 
 
 @pytest.mark.cpu
-@needs_cutlass
-@given(seqlen_q=st.integers(1, 300), seqlen_k=st.integers(1, 300), causal=st.booleans())
-def test_key_limit_is_the_visibility_predicate(seqlen_q: int, seqlen_k: int, causal: bool) -> None:
-    """``apply_mask``'s per-row predicate ``j < key_limit(i)`` equals reference/masks.py for
-    every row, empty rows (limit <= 0) included."""
-    from attention_crossval.kernel.common.mask import key_limit
+def test_own_sm90_declarations() -> None:
+    """``own-sm90`` keeps the declaration it was run and checked with on the H200;
+    ``own-sm90-full`` adds GQA, varlen (padded rows unwritten) and windows, and stays out of the
+    default kernels until it has run on a GPU."""
+    from attention_crossval.kernel.adapters import _cute
+    from attention_crossval.kernel.adapters.own_sm90 import FULL_MAX_SEQLEN
 
-    q, kv = (np.zeros((1, n, 1, 1), np.float16) for n in (seqlen_q, seqlen_k))
-    case = AttentionCase(q, kv, kv, mask=Mask(causal=causal))
-    limits = np.array(
-        [key_limit.__wrapped__(i, seqlen_q, seqlen_k, causal) for i in range(seqlen_q)]
-    )
-    np.testing.assert_array_equal(
-        np.arange(seqlen_k)[None, :] < limits[:, None], visible(case, 0, 0)
-    )
+    plain, full = resolve("own-sm90").spec, resolve("own-sm90-full").spec
+    assert plain == _cute.own_kernel_spec("own-sm90", tile_m=128, tile_n=128)
+    assert not plain.gqa and plain.mask_kinds == {"causal"}
+    assert full.gqa and full.mask_kinds == {"causal", "window", "varlen"}
+    assert (full.padded_rows, full.max_seqlen) == ("unwritten", FULL_MAX_SEQLEN)
+    assert BUILTIN["own-sm90-full"][1] == BUILTIN["own-sm90"][1] and "own-sm90-full" in NEVER_RUN
 
 
 def _case(
-    Sq: int, Sk: int, *, D: int = 128, causal: bool = False, dtype: str = "bfloat16", H: int = 2
+    Sq: int,
+    Sk: int,
+    *,
+    D: int = 128,
+    dtype: str = "bfloat16",
+    H: int = 2,
+    Hkv: int | None = None,
+    **mask: object,
 ) -> AttentionCase:
     """Keys on a ramp (every KV block raises the running max, so O must be rescaled), random
-    values, one batch per call; lengths chosen by the tests around the 128 tiles."""
+    values, two batches; lengths chosen by the tests around the 128 tiles; ``Hkv`` kv heads
+    (default ``H``), ``mask`` the :class:`Mask` fields."""
     rng = np.random.default_rng(Sq * 1000 + Sk)
+    Hkv = H if Hkv is None else Hkv
     q = 0.5 + 0.05 * rng.standard_normal((2, Sq, H, D))
-    k = np.linspace(0.0, 2.0, Sk)[None, :, None, None] + 0.1 * rng.standard_normal((2, Sk, H, D))
-    v = rng.standard_normal((2, Sk, H, D))
+    k = np.linspace(0.0, 2.0, Sk)[None, :, None, None] + 0.1 * rng.standard_normal((2, Sk, Hkv, D))
+    v = rng.standard_normal((2, Sk, Hkv, D))
     arrays = (a.astype(INPUT_DTYPES[dtype]) for a in (q, k, v))
-    return AttentionCase(*arrays, mask=Mask(causal=causal), label=f"own-sm90 {Sq}x{Sk}")
+    return AttentionCase(*arrays, mask=Mask(**mask), label=f"own-sm90 {Sq}x{Sk}")
 
 
 TARGETED = {
@@ -238,20 +335,49 @@ TARGETED = {
     "causal Sq == Sk, partial tile": lambda: _case(257, 257, causal=True, dtype="float16"),
     "single key": lambda: _case(5, 1, causal=True),
 }
+# own-sm90-full (never run before these): one feature per case, then all together.
+TARGETED_FULL = {
+    "GQA 4:2 over 3 blocks": lambda: _case(200, 300, H=4, Hkv=2),
+    "MQA causal": lambda: _case(130, 389, H=4, Hkv=1, causal=True, dtype="float16"),
+    "varlen, NaN padding in the last partial block": lambda: _case(
+        256, 384, q_lengths=(200, 37), k_lengths=(300, 129)
+    ),
+    "varlen empty sequences": lambda: _case(
+        130, 260, D=64, causal=True, q_lengths=(0, 130), k_lengths=(200, 0)
+    ),
+    "window edges inside tiles": lambda: _case(300, 500, window_left=100, window_right=30),
+    "causal window, Sq < Sk": lambda: _case(257, 600, causal=True, window_left=129),
+    "window right only, fp16 D 64": lambda: _case(200, 450, D=64, dtype="float16", window_right=0),
+    "GQA, varlen, causal window, fp16": lambda: _case(
+        300,
+        520,
+        H=4,
+        Hkv=2,
+        dtype="float16",
+        causal=True,
+        window_left=200,
+        q_lengths=(300, 129),
+        k_lengths=(520, 333),
+    ),  # fmt: skip
+}
+TARGETED_PAIRS = [("own-sm90", name) for name in TARGETED] + [
+    ("own-sm90-full", name) for name in TARGETED_FULL
+]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", list(TARGETED))
-def test_own_sm90_targeted_cases(name: str) -> None:
+@pytest.mark.parametrize(("kernel", "name"), TARGETED_PAIRS)
+def test_own_sm90_targeted_cases(kernel: str, name: str) -> None:
     """Each case exercises one part of the kernel (rescale, residue mask, causal mask, empty
-    rows, partial tiles) under every harness check."""
-    case = TARGETED[name]()
-    verdict = run_case(resolve("own-sm90"), case, isolated=worker("own-sm90"))
+    rows, partial tiles; GQA, lengths, NaN padding, windows) under every harness check."""
+    case = (TARGETED if kernel == "own-sm90" else TARGETED_FULL)[name]()
+    verdict = run_case(resolve(kernel), case, isolated=worker(kernel))
     assert verdict.skipped is None, verdict.skipped
     verdict.raise_for()
 
 
 @pytest.mark.gpu
-def test_own_sm90_passes_every_check(request: pytest.FixtureRequest) -> None:
-    """The generic kernel property (properties/test_kernels.py) with kernel ``own-sm90``."""
-    _kernel_property(kernel="own-sm90", request=request)
+@pytest.mark.parametrize("kernel", ["own-sm90", "own-sm90-full"])
+def test_own_sm90_passes_every_check(kernel: str, request: pytest.FixtureRequest) -> None:
+    """The generic kernel property (properties/test_kernels.py) with each SM90 adapter."""
+    _kernel_property(kernel=kernel, request=request)

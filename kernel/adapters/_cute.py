@@ -1,9 +1,12 @@
 """Launching the project's own CuTe DSL kernels from torch tensors, shared by every own kernel.
 
-Each own kernel declares the same feature set (fp16/bf16, D = 64 or 128, Hq == Hkv,
+Each own kernel declares the same base feature set (fp16/bf16, D = 64 or 128, Hq == Hkv,
 bottom-right causal or no mask, natural-log LSE) and is launched the same way: check shapes,
 wrap the torch tensors for CuTe with dynamic layouts, compile once per (dtype, D, causal) per
-process, run on the current stream. torch and cutlass are imported only inside calls.
+process, run on the current stream. A kernel that takes more (GQA, varlen lengths, a window:
+the SM90 kernel as ``own-sm90-full``) gets them through the same call, and the presence of the
+lengths and of the window is part of the compile key. torch and cutlass are imported only
+inside calls.
 """
 
 from __future__ import annotations
@@ -14,8 +17,8 @@ from typing import Any
 from attention_crossval.kernel.spec import KernelSpec
 from attention_crossval.reference.case import CausalAlignment
 
-# (kernel name, dtype, D, causal) -> compiled kernel, for this process
-_COMPILED: dict[tuple[str, str, int, bool], Any] = {}
+# (kernel name, dtype, D, causal, varlen, window) -> compiled kernel, for this process
+_COMPILED: dict[tuple[str, str, int, bool, bool, bool], Any] = {}
 
 
 def own_kernel_spec(name: str, *, tile_m: int, tile_n: int) -> KernelSpec:
@@ -46,10 +49,19 @@ def launch(
     softmax_scale: float,
     *,
     causal: bool,
+    gqa: bool = False,
+    lengths: tuple[Any, Any] | None = None,
+    window: tuple[int, int] | None = None,
 ) -> None:
-    """Run kernel ``name`` on torch CUDA tensors ``q, k, v, out [B, S, H, D]`` and
-    ``lse [B, H, Sq]`` (fp32) on the current stream. ``make_kernel(dtype, D, causal)`` builds
-    the kernel object on first use of that combination in this process."""
+    """Run kernel ``name`` on torch CUDA tensors ``q [B, Sq, Hq, D]``, ``k, v [B, Sk, Hkv, D]``,
+    ``out`` like q and ``lse [B, Hq, Sq]`` (fp32) on the current stream.
+    ``make_kernel(dtype, D, causal)`` builds the kernel object on first use of that combination
+    in this process.
+
+    For a kernel that takes them (kernel/sm90/fwd.py): ``gqa`` allows Hq a multiple of Hkv;
+    ``lengths`` are int32 ``[B]`` CUDA tensors of the valid q and k lengths (padded layout);
+    ``window`` is ``(left, right)``, clamped as :func:`kernel.adapters.own_sm90.window_bounds`
+    does. Lengths and window go to the kernel as trailing arguments (None when absent)."""
     import cuda.bindings.driver as cuda
     import cutlass
     import cutlass.cute as cute
@@ -58,23 +70,31 @@ def launch(
 
     from attention_crossval.kernel.common.softmax import LOG2_E
 
-    if q.shape[2] != k.shape[2]:
-        raise ValueError(f"Hq={q.shape[2]} must equal Hkv={k.shape[2]} (no GQA in {name})")
+    Hq, Hkv = q.shape[2], k.shape[2]
+    if (Hq % Hkv if gqa else Hq != Hkv) or not Hkv:
+        wanted = "a multiple of" if gqa else "equal to (no GQA in this kernel)"
+        raise ValueError(f"Hq={Hq} must be {wanted} Hkv={Hkv} in {name}")
     if k.shape != v.shape or q.shape[::3] != k.shape[::3] or out.shape != q.shape:
         raise ValueError(
             f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, out "
             f"{tuple(out.shape)}: k and v must match, q/k share B and D, out must match q"
         )
     dtype = str(q.dtype).removeprefix("torch.")
-    key = (name, dtype, int(q.shape[-1]), bool(causal))
+    key = (name, dtype, int(q.shape[-1]), bool(causal), lengths is not None, window is not None)
     tensors = [
         from_dlpack(t, assumed_align=16).mark_layout_dynamic(leading_dim=t.ndim - 1)
         for t in (q, k, v, out)
     ]
     tensors.append(from_dlpack(lse, assumed_align=4).mark_layout_dynamic(leading_dim=2))
-    scale_log2 = cutlass.Float32(softmax_scale * LOG2_E)
-    stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
+    args = [*tensors, cutlass.Float32(softmax_scale * LOG2_E)]
+    args.append(cuda.CUstream(torch.cuda.current_stream().cuda_stream))
+    if lengths is not None or window is not None:  # the optional trailing arguments
+        for values, wrap in (
+            (lengths, lambda t: from_dlpack(t, assumed_align=4).mark_layout_dynamic(leading_dim=0)),
+            (window, cutlass.Int32),
+        ):
+            args += [None, None] if values is None else [wrap(value) for value in values]
     if key not in _COMPILED:
         kernel = make_kernel(dtype, key[2], key[3])
-        _COMPILED[key] = cute.compile(kernel, *tensors, scale_log2, stream)
-    _COMPILED[key](*tensors, scale_log2, stream)
+        _COMPILED[key] = cute.compile(kernel, *args)
+    _COMPILED[key](*args)

@@ -1,30 +1,64 @@
-"""The project's own SM90 WGMMA forward kernel (kernel/sm90/fwd.py) on a Hopper GPU.
+"""The project's own SM90 WGMMA forward kernel (kernel/sm90/fwd.py) on a Hopper GPU, as two
+registered adapters over the same kernel.
 
-Declares what the kernel implements and nothing more: fp16/bf16, D = 64 or 128 (Dv = D),
-Hq == Hkv, bottom-right causal or no mask (no windows, varlen or explicit masks), LSE natural
-log in ``[B, Hq, Sq]``, empty rows O = 0 and LSE = -inf, FlashAttention's precision chain
-(fp32 S and accumulators, P rounded to the input dtype, row_sum from the fp32 p, O rounded once).
+``own-sm90`` (run and checked on the H200) declares what the kernel did when it was run there:
+fp16/bf16, D = 64 or 128 (Dv = D), Hq == Hkv, bottom-right causal or no mask (no windows,
+varlen or explicit masks), LSE natural log in ``[B, Hq, Sq]``, empty rows O = 0 and
+LSE = -inf, FlashAttention's precision chain (fp32 S and accumulators, P rounded to the input
+dtype, row_sum from the fp32 p, O rounded once).
 
-One compiled kernel per (dtype, D, causal), cached for the process; B, H, Sq, Sk and all
-strides are dynamic, so guard-banded views go straight to the kernel. torch and cutlass are
-imported only inside calls (CI without either can still import this module).
+``own-sm90-full`` (COMPILED FOR sm_90a, NEVER RUN) declares in addition GQA/MQA, varlen
+(``q_lengths`` / ``k_lengths`` in the padded layout, passed as per-batch lengths; rows past
+``q_lengths`` are left unwritten) and sliding windows (with or without causal). Every case goes
+through the kernel's varlen path (full lengths when the case has none), so a case compiles one
+of 16 variants: (dtype, D, causal, window).
+
+Kernels are compiled once per variant and cached for the process; B, H, Sq, Sk and all strides
+are dynamic, so guard-banded views go straight to the kernel. torch and cutlass are imported
+only inside calls (CI without either can still import this module).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from attention_crossval.kernel.adapters import _cute, _torch
 from attention_crossval.kernel.spec import KernelSpec
-from attention_crossval.reference.case import AttentionCase
+from attention_crossval.reference.case import AttentionCase, Mask
 
 NUM_CONSUMER_WG = 2  # 128-row query tiles
 TILE_N = 128
+# own-sm90-full adds lengths and window bounds to row indices in int32 (kernel/common/mask.py):
+# every sum stays below 2 Sq + Sk, inside int32 with both lengths at most 2^29.
+FULL_MAX_SEQLEN = 1 << 29
 
 
 def _spec() -> KernelSpec:
     return _cute.own_kernel_spec("own-sm90", tile_m=64 * NUM_CONSUMER_WG, tile_n=TILE_N)
+
+
+def _full_spec() -> KernelSpec:
+    return replace(
+        _spec(),
+        name="own-sm90-full",
+        gqa=True,
+        mask_kinds=frozenset({"causal", "window", "varlen"}),
+        padded_rows="unwritten",
+        max_seqlen=FULL_MAX_SEQLEN,
+    )
+
+
+def window_bounds(mask: Mask, Sq: int, Sk: int) -> tuple[int, int] | None:
+    """The ``(left, right)`` window the kernel takes, or None without a window: None sides
+    become unbounded and every side is clamped to the padded extents (right <= Sq,
+    left <= Sk), which sees the same keys (reference/masks.py) and keeps the kernel's index
+    sums inside int32."""
+    if "window" not in mask.kinds:
+        return None
+    left = Sk if mask.window_left is None else min(mask.window_left, Sk)
+    right = Sq if mask.window_right is None else min(mask.window_right, Sq)
+    return left, right
 
 
 @dataclass
@@ -37,11 +71,49 @@ class OwnSm90Adapter(_torch.GuardedOutputsAdapter):
         launch(q, k, v, out, lse, case.softmax_scale, causal=case.mask.causal)
 
 
+@dataclass
+class OwnSm90FullAdapter(_torch.GuardedOutputsAdapter):
+    """``own-sm90-full``: the same kernel with GQA, per-batch lengths and windows.
+    Compiled for sm_90a, never run."""
+
+    spec: KernelSpec = field(default_factory=_full_spec)
+
+    def launch(self, case: AttentionCase, q: Any, k: Any, v: Any, out: Any, lse: Any) -> None:
+        q_lengths, k_lengths = (
+            _torch.int32_tensor([length(b) for b in range(case.B)], q.device)
+            for length in (case.q_length, case.k_length)
+        )
+        window = window_bounds(case.mask, case.Sq, case.Sk)
+        launch_full(
+            q, k, v, out, lse, case.softmax_scale, case.mask.causal, q_lengths, k_lengths, window
+        )
+
+
 def launch(
     q: Any, k: Any, v: Any, out: Any, lse: Any, softmax_scale: float, *, causal: bool
 ) -> None:
     """Run the kernel on torch CUDA tensors (see :func:`kernel.adapters._cute.launch`)."""
     _cute.launch("own-sm90", _make_kernel, q, k, v, out, lse, softmax_scale, causal=causal)
+
+
+def launch_full(
+    q: Any,
+    k: Any,
+    v: Any,
+    out: Any,
+    lse: Any,
+    softmax_scale: float,
+    causal: bool,
+    q_lengths: Any,
+    k_lengths: Any,
+    window: tuple[int, int] | None,
+) -> None:
+    """``own-sm90-full``'s launch (never run): Hq a multiple of Hkv, int32 ``[B]`` CUDA lengths
+    (the padded extents where a case has none), ``window`` from :func:`window_bounds`."""
+    _cute.launch(
+        "own-sm90-full", _make_kernel, q, k, v, out, lse, softmax_scale,
+        causal=causal, gqa=True, lengths=(q_lengths, k_lengths), window=window,
+    )  # fmt: skip
 
 
 def _make_kernel(dtype: str, head_dim: int, causal: bool) -> Any:
@@ -54,3 +126,7 @@ def _make_kernel(dtype: str, head_dim: int, causal: bool) -> Any:
 
 def create() -> OwnSm90Adapter:
     return OwnSm90Adapter()
+
+
+def create_full() -> OwnSm90FullAdapter:
+    return OwnSm90FullAdapter()

@@ -26,11 +26,23 @@ def attention_views(
     return mQ, mK, mV, mO, mLSE
 
 
-def compile_on_fake_tensors(kernel: object, dtype: type, arch: str, options: str = "") -> object:
+def compile_on_fake_tensors(
+    kernel: object,
+    dtype: type,
+    arch: str,
+    options: str = "",
+    *,
+    varlen: bool = False,
+    window: bool = False,
+) -> object:
     """``cute.compile`` of ``kernel`` for ``arch`` (e.g. ``sm_90a``) on fake tensors typed like
     the adapters' runtime tensors: every extent and stride dynamic but D's unit stride, as
     ``from_dlpack(t).mark_layout_dynamic(leading_dim=3)`` gives. Never touches a GPU, and
-    ``--gpu-arch`` is passed, so it does not depend on ``CUTE_DSL_ARCH``."""
+    ``--gpu-arch`` is passed, so it does not depend on ``CUTE_DSL_ARCH``.
+
+    ``varlen`` / ``window`` add the trailing arguments such a kernel takes: the per-batch int32
+    lengths ``seqused_q`` / ``seqused_k`` and the ``Int32`` window bounds (None when off)."""
+    from cutlass import Int32
     from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
     def qkv() -> object:
@@ -44,5 +56,12 @@ def compile_on_fake_tensors(kernel: object, dtype: type, arch: str, options: str
         (cute.sym_int64(), cute.sym_int64(), 1),
         assumed_align=4,
     )
-    args = (qkv(), qkv(), qkv(), qkv(), lse, Float32(LOG2_E), make_fake_stream())
+    args: tuple = (qkv(), qkv(), qkv(), qkv(), lse, Float32(LOG2_E), make_fake_stream())
+    if varlen or window:
+        lengths = [
+            make_fake_tensor(Int32, (cute.sym_int(),), (1,), assumed_align=4) if varlen else None
+            for _ in range(2)
+        ]
+        bounds = [Int32(0) if window else None] * 2
+        args += (*lengths, *bounds)
     return cute.compile(kernel, *args, options=f"--gpu-arch={arch} {options}".strip())

@@ -1,14 +1,30 @@
 """Masks on a register tile of scores, in CuTe DSL.
 
 The predicate is the one of ``reference.masks.visible`` restricted to what the project's own
-kernels declare: key ``j`` is visible to query row ``i`` iff ``j < seqlen_k`` and, when causal
-(bottom-right, FlashAttention's alignment), ``j <= i + seqlen_k - seqlen_q``. Masked scores become
-``-inf`` before the row max, so they contribute exactly 0 to the row sum and to ``P @ V``.
+kernels declare. With ``offset = seqlen_k - seqlen_q`` (bottom-right, FlashAttention's alignment;
+the batch's valid lengths under varlen), key ``j`` is visible to query row ``i`` iff
+``j < seqlen_k`` and
+
+* causal: ``j <= i + offset`` (a window's right side is then irrelevant: it is >= 0);
+* a window: ``i + offset - window_left <= j <= i + offset + window_right``.
+
+Masked scores become ``-inf`` (assigned, so a NaN score of a padded key is replaced too) before
+the row max, so they contribute exactly 0 to the row sum and to ``P @ V``.
+
+Window bounds are runtime ``Int32`` values or ``None`` (unbounded, a compile-time choice). The
+caller clamps them to ``[0, seqlen_q]`` (right) and ``[0, seqlen_k]`` (left) of the padded extents:
+wider bounds see the same keys, and the clamp keeps every sum here inside int32.
 
 Tiles are addressed by coordinates: ``coords`` holds the ``(row, col)`` of every score element
 inside its ``tile_m x tile_n`` tile (an identity tensor partitioned like the accumulator and
 viewed as ``(rows, cols)`` like the scores), so the helpers do not depend on the MMA's register
 layout and serve the SM90 (registers) and SM100 (TMEM loads) kernels alike.
+
+The block and key arithmetic (:func:`kv_block_range`, :func:`key_range`,
+:func:`block_needs_mask`, :func:`padded_key_rows`) is plain Python without branches on values:
+at trace time it takes the kernel's ``Int32`` values and emits their arithmetic, and the CPU
+tests run the same functions on Python ints (properties/test_own_kernels.py). Every division has
+a non-negative dividend: ``//`` on a DSL ``Int32`` truncates toward zero, unlike Python's floor.
 """
 
 from __future__ import annotations
@@ -18,43 +34,93 @@ import cutlass.cute as cute
 from cutlass import Int32
 
 
-@cute.jit
+def _right_bound(causal: bool, window_right: Int32 | None) -> Int32 | int | None:
+    """How far right of the diagonal a row sees: 0 when causal, the window's side, or None."""
+    return 0 if causal else window_right
+
+
 def kv_block_range(
     m_block: Int32,
     seqlen_q: Int32,
     seqlen_k: Int32,
-    tile_m: cutlass.Constexpr[int],
-    tile_n: cutlass.Constexpr[int],
-    causal: cutlass.Constexpr[bool],
-) -> tuple[Int32, Int32]:
-    """``(n_block_max, n_block_unmasked)`` for query tile ``m_block``.
+    tile_m: int,
+    tile_n: int,
+    causal: bool,
+    window_left: Int32 | None = None,
+    window_right: Int32 | None = None,
+) -> tuple[Int32, Int32, Int32, Int32]:
+    """``(n_block_min, n_block_max, n_unmasked_min, n_unmasked_max)`` for query tile ``m_block``.
 
-    KV blocks ``0 .. n_block_max - 1`` hold every key visible to some row of the tile (0 when the
-    whole tile is empty, e.g. causal with ``seqlen_q > seqlen_k``); blocks below
-    ``n_block_unmasked`` are visible to every row of the tile and need no mask.
+    KV blocks ``n_block_min .. n_block_max - 1`` hold every key visible to some row of the tile
+    below ``seqlen_q``, and no block past the last one holding a key below ``seqlen_k`` (an empty
+    range when the tile has no such row or sees nothing, e.g. causal with
+    ``seqlen_q > seqlen_k``); blocks in ``[n_unmasked_min, n_unmasked_max)`` lie below
+    ``seqlen_k`` and inside the band of every row of the tile, so they need no mask. Without a
+    window ``n_block_min`` and ``n_unmasked_min`` are the constant 0.
     """
-    n_blocks_k = (seqlen_k + tile_n - 1) // tile_n
-    n_block_max = n_blocks_k
-    n_block_unmasked = seqlen_k // tile_n
-    if cutlass.const_expr(causal):
-        # Last visible key of the tile's last row: (m_block + 1) * tile_m - 1 + seqlen_k - seqlen_q.
-        last_end = (m_block + 1) * tile_m + seqlen_k - seqlen_q
-        n_block_max = cutlass.min(n_blocks_k, (cutlass.max(last_end, 0) + tile_n - 1) // tile_n)
-        # Keys visible to the tile's first row: j < m_block * tile_m + 1 + seqlen_k - seqlen_q.
-        first_end = m_block * tile_m + 1 + seqlen_k - seqlen_q
-        n_block_unmasked = cutlass.min(n_block_unmasked, cutlass.max(first_end, 0) // tile_n)
-    return n_block_max, n_block_unmasked
+    offset = seqlen_k - seqlen_q
+    first_row = m_block * tile_m
+    n_block_min, n_unmasked_min = 0, 0
+    n_block_max = (seqlen_k + tile_n - 1) // tile_n
+    n_unmasked_max = seqlen_k // tile_n
+    right = _right_bound(causal, window_right)
+    if right is not None:
+        # The tile's last row sees keys j < first_row + tile_m + offset + right, its first row
+        # keys j < first_row + 1 + offset + right.
+        last_end = first_row + tile_m + offset + right
+        n_block_max = cutlass.min(n_block_max, (cutlass.max(last_end, 0) + tile_n - 1) // tile_n)
+        first_end = first_row + 1 + offset + right
+        n_unmasked_max = cutlass.min(n_unmasked_max, cutlass.max(first_end, 0) // tile_n)
+    if window_left is not None:
+        # The first row sees keys j >= first_row + offset - left, the last row keys
+        # j >= first_row + tile_m - 1 + offset - left.
+        n_block_min = cutlass.max(first_row + offset - window_left, 0) // tile_n
+        last_start = cutlass.max(first_row + tile_m - 1 + offset - window_left, 0)
+        n_unmasked_min = (last_start + tile_n - 1) // tile_n
+    has_rows = cutlass.min(cutlass.max(seqlen_q - first_row, 0), 1)  # 0 past seqlen_q (varlen)
+    n_block_max = cutlass.max(n_block_max * has_rows, n_block_min)
+    return n_block_min, n_block_max, n_unmasked_min, n_unmasked_max
 
 
-@cute.jit
-def key_limit(
-    row: Int32, seqlen_q: Int32, seqlen_k: Int32, causal: cutlass.Constexpr[bool]
-) -> Int32:
-    """Query row ``row`` sees exactly the keys ``j < key_limit`` (may be <= 0: an empty row)."""
+def block_needs_mask(
+    n_block: Int32, n_unmasked_min: Int32, n_unmasked_max: Int32, windowed: bool
+) -> cutlass.Boolean:
+    """Whether KV block ``n_block`` needs :func:`apply_mask`: it lies outside
+    :func:`kv_block_range`'s unmasked blocks (whose lower end exists only with a window)."""
+    needs = n_block >= n_unmasked_max
+    if windowed:
+        needs = needs | (n_block < n_unmasked_min)
+    return needs
+
+
+def padded_key_rows(
+    n_block: Int32, seqlen_k: Int32, extent_k: Int32, tile_n: int
+) -> tuple[Int32, Int32]:
+    """``(start, end)``: rows ``start .. end - 1`` of KV block ``n_block`` (counted inside the
+    block) lie past the valid ``seqlen_k`` but inside the tensor's ``extent_k`` rows, so a TMA
+    load brings whatever the padding holds (NaN under the harness); rows past ``extent_k`` arrive
+    as zeros. Empty when ``end <= start``."""
+    return seqlen_k - n_block * tile_n, cutlass.min(extent_k - n_block * tile_n, tile_n)
+
+
+def key_range(
+    row: Int32,
+    seqlen_q: Int32,
+    seqlen_k: Int32,
+    causal: bool,
+    window_left: Int32 | None = None,
+    window_right: Int32 | None = None,
+) -> tuple[Int32, Int32]:
+    """Query row ``row`` sees exactly the keys ``start <= j < limit`` (empty when
+    ``limit <= start``); ``start`` is the constant 0 without a window."""
     limit = seqlen_k
-    if cutlass.const_expr(causal):
-        limit = cutlass.min(limit, row + 1 + seqlen_k - seqlen_q)
-    return limit
+    right = _right_bound(causal, window_right)
+    if right is not None:
+        limit = cutlass.min(limit, row + 1 + seqlen_k - seqlen_q + right)
+    start = 0
+    if window_left is not None:
+        start = row + seqlen_k - seqlen_q - window_left
+    return start, limit
 
 
 @cute.jit
@@ -66,6 +132,8 @@ def apply_mask(
     seqlen_q: Int32,
     seqlen_k: Int32,
     causal: cutlass.Constexpr[bool],
+    window_left: Int32 | None = None,
+    window_right: Int32 | None = None,
 ) -> None:
     """Set invisible scores to ``-inf`` in place.
 
@@ -74,7 +142,12 @@ def apply_mask(
     """
     for r in cutlass.range_constexpr(cute.size(scores, mode=[0])):
         row = row_offset + coords[r, 0][0]
-        col_limit = key_limit(row, seqlen_q, seqlen_k, causal) - col_offset
+        start, limit = key_range(row, seqlen_q, seqlen_k, causal, window_left, window_right)
+        col_start, col_limit = start - col_offset, limit - col_offset
         for c in cutlass.range_constexpr(cute.size(scores, mode=[1])):
-            if coords[r, c][1] >= col_limit:
+            col = coords[r, c][1]
+            if col >= col_limit:
                 scores[r, c] = -cutlass.Float32.inf
+            if cutlass.const_expr(window_left is not None):
+                if col < col_start:
+                    scores[r, c] = -cutlass.Float32.inf

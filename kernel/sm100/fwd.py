@@ -287,7 +287,7 @@ class FlashAttentionForwardSm100:
 
         seqlen_q = mQ.shape[0]
         seqlen_k = mK.shape[0]
-        n_block_max, n_block_unmasked = kv_block_range(
+        _, n_block_max, _, n_block_unmasked = kv_block_range(
             m_block, seqlen_q, seqlen_k, TILE_M, TILE_N, self.causal
         )
 

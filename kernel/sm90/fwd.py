@@ -14,7 +14,27 @@ Structure (one CTA per ``tile_m`` query rows of one (batch, head)):
 Kept simple rather than fast: no intra-warpgroup overlap of softmax and MMA, no TMA store, no
 persistent scheduler. Layouts: q, k, v, o ``[B, S, H, D]`` with unit stride on D (any other
 strides, e.g. guard-banded views), lse ``[B, H, Sq]`` float32; B, H, Sq, Sk dynamic; D static
-(64 or 128); Hq == Hkv (no GQA); bottom-right causal or no mask.
+(64 or 128); bottom-right causal or no mask. Query head ``h`` reads kv head
+``h // (Hq // Hkv)`` (GQA/MQA; Hq a multiple of Hkv).
+
+Optional trailing arguments, each a compile-time choice by being None or not (the adapter
+``own-sm90`` passes none of them; ``own-sm90-full`` passes them, and that path has only been
+compiled, never run):
+
+* ``seqused_q`` / ``seqused_k`` (int32 ``[B]``, both or neither): each batch's valid lengths in
+  the padded layout. Rows past ``seqused_q`` are not written (O nor LSE); a query tile past it
+  visits no KV block; keys past ``seqused_k`` are masked, KV blocks past it are not loaded, and
+  the V rows of the last partial block that lie past it (and inside the tensor: rows past the
+  tensor are zero-filled by the TMA unit) are overwritten with zeros in shared memory before the
+  ``P V`` WGMMA. ``P = 0`` times a NaN in padding would be NaN, so masking P alone is not
+  enough; the K rows need no such care, since their scores are replaced by ``-inf``.
+* ``window_left`` / ``window_right`` (``Int32``, both or neither, clamped by the caller as
+  kernel/common/mask.py says): a sliding window around the bottom-right diagonal; with causal
+  only ``window_left`` matters. KV blocks outside the band of every row of the tile are skipped
+  at both ends of the loop.
+
+Blocks inside every row's band and below ``seqlen_k`` skip the mask (the unmasked fast path); the
+diagonal, window-edge and last partial blocks are masked.
 
 :meth:`FlashAttentionForwardSm90.compile` builds the kernel for sm_90a on fake tensors, so a
 CPU-only machine can compile it and inspect the PTX (properties/test_own_kernels.py). The knobs
@@ -35,13 +55,19 @@ from cutlass.memory import SmemAllocator
 from cutlass.tensor_utils import LayoutEnum
 
 from attention_crossval.kernel.common.host import attention_views, compile_on_fake_tensors
-from attention_crossval.kernel.common.mask import apply_mask, kv_block_range
+from attention_crossval.kernel.common.mask import (
+    apply_mask,
+    block_needs_mask,
+    kv_block_range,
+    padded_key_rows,
+)
 from attention_crossval.kernel.common.softmax import OnlineSoftmax, rescale_rows
 
 DTYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16}
 HEAD_DIMS = (64, 128)
 WG_THREADS = 128
 ROWS_PER_WG = 64  # the WGMMA M extent
+CONSUMER_BARRIER = 1  # named barrier of the consumer warpgroups (0 is __syncthreads)
 
 
 def acc_rows_cols(acc: cute.Tensor) -> cute.Tensor:
@@ -124,9 +150,17 @@ class FlashAttentionForwardSm90:
         lse: cute.Tensor,
         scale_log2: Float32,
         stream: cuda.CUstream,
+        seqused_q: cute.Tensor | None = None,
+        seqused_k: cute.Tensor | None = None,
+        window_left: Int32 | None = None,
+        window_right: Int32 | None = None,
     ) -> None:
         """Launch on ``[B, S, H, D]`` q/k/v/o and ``[B, H, Sq]`` lse; ``scale_log2`` is
-        ``softmax_scale * log2(e)``."""
+        ``softmax_scale * log2(e)``; the optional arguments as the module docstring says."""
+        if cutlass.const_expr((seqused_q is None) != (seqused_k is None)):
+            raise ValueError("seqused_q and seqused_k go together (both or neither)")
+        if cutlass.const_expr((window_left is None) != (window_right is None)):
+            raise ValueError("window_left and window_right go together (both or neither)")
         mQ, mK, mV, mO, mLSE = attention_views(q, k, v, o, lse)
 
         dtype = self.dtype
@@ -196,6 +230,10 @@ class FlashAttentionForwardSm90:
             sQ_layout,
             sK_layout,
             sV_layout,
+            seqused_q,
+            seqused_k,
+            window_left,
+            window_right,
         ).launch(
             grid=grid,
             block=[self.num_threads, 1, 1],
@@ -222,6 +260,10 @@ class FlashAttentionForwardSm90:
         sQ_layout: cute.ComposedLayout,
         sK_layout: cute.ComposedLayout,
         sV_layout: cute.ComposedLayout,
+        seqused_q: cute.Tensor | None,
+        seqused_k: cute.Tensor | None,
+        window_left: Int32 | None,
+        window_right: Int32 | None,
     ) -> None:
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, batch = cute.arch.block_idx()
@@ -254,11 +296,17 @@ class FlashAttentionForwardSm90:
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
-        seqlen_q = mQ.shape[0]
-        seqlen_k = mK.shape[0]
-        n_block_max, n_block_unmasked = kv_block_range(
-            m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal
+        seqlen_q, seqlen_k = mQ.shape[0], mK.shape[0]
+        if cutlass.const_expr(seqused_q is not None):
+            seqlen_q, seqlen_k = seqused_q[batch], seqused_k[batch]
+        window = (window_left, window_right)
+        blocks = kv_block_range(
+            m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal, *window
         )
+        kv_head = head // (mQ.shape[2] // mK.shape[2])
+        extent_k = None  # the K/V rows, when V rows past seqlen_k must be zeroed
+        if cutlass.const_expr(seqused_k is not None):
+            extent_k = mK.shape[0]
 
         if wg_idx == 0:
             cute.arch.setmaxregister_decrease(self.regs_load)
@@ -278,8 +326,10 @@ class FlashAttentionForwardSm90:
                     v_load,
                     m_block,
                     head,
+                    kv_head,
                     batch,
-                    n_block_max,
+                    blocks[0],
+                    blocks[1],
                 )
         else:
             cute.arch.setmaxregister_increase(self.regs_consumer)
@@ -299,10 +349,11 @@ class FlashAttentionForwardSm90:
                 m_block,
                 head,
                 batch,
-                n_block_max,
-                n_block_unmasked,
+                blocks,
                 seqlen_q,
                 seqlen_k,
+                extent_k,
+                window,
             )
 
     @cute.jit
@@ -322,15 +373,21 @@ class FlashAttentionForwardSm90:
         v_load: pipeline.PipelineProducer,
         m_block: Int32,
         head: Int32,
+        kv_head: Int32,
         batch: Int32,
+        n_block_min: Int32,
         n_block_max: Int32,
     ) -> None:
         """Producer warp: Q once (even for an empty tile, the consumers wait for it), then K and
-        V of blocks ``n_block_max - 1`` down to 0. Rows past a sequence end are zero-filled by
-        the TMA unit (the box is clipped to the tensor's extent)."""
+        V of kv head ``kv_head``, blocks ``n_block_max - 1`` down to ``n_block_min``. Rows past
+        the tensor's end are zero-filled by the TMA unit (the box is clipped to its extent)."""
         gQ = cute.local_tile(mQ[None, None, head, batch], (self.tile_m, self.head_dim), (None, 0))
-        gK = cute.local_tile(mK[None, None, head, batch], (self.tile_n, self.head_dim), (None, 0))
-        gV = cute.local_tile(mV[None, None, head, batch], (self.head_dim, self.tile_n), (0, None))
+        gK = cute.local_tile(
+            mK[None, None, kv_head, batch], (self.tile_n, self.head_dim), (None, 0)
+        )
+        gV = cute.local_tile(
+            mV[None, None, kv_head, batch], (self.head_dim, self.tile_n), (0, None)
+        )
         no_mcast = cute.make_layout(1)
         tQsQ, tQgQ = cute.nvgpu.cpasync.tma_partition(
             tma_q, 0, no_mcast, cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2)
@@ -343,7 +400,7 @@ class FlashAttentionForwardSm90:
         )
         handle = q_load.acquire_and_advance()
         cute.copy(tma_q, tQgQ[None, m_block], tQsQ[None, handle.index], tma_bar_ptr=handle.barrier)
-        for i in cutlass.range(n_block_max, unroll=1):
+        for i in cutlass.range(n_block_max - n_block_min, unroll=1):
             n_block = n_block_max - 1 - i
             handle = k_load.acquire_and_advance()
             cute.copy(
@@ -372,13 +429,17 @@ class FlashAttentionForwardSm90:
         m_block: Int32,
         head: Int32,
         batch: Int32,
-        n_block_max: Int32,
-        n_block_unmasked: Int32,
+        blocks: tuple[Int32, Int32, Int32, Int32],
         seqlen_q: Int32,
         seqlen_k: Int32,
+        extent_k: Int32 | None,
+        window: tuple[Int32 | None, Int32 | None],
     ) -> None:
         """Consumer warpgroups: the KV loop (QK^T, mask, online softmax, rescale, PV), then the
-        epilogue. ``tidx`` counts from the first consumer thread."""
+        epilogue. ``tidx`` counts from the first consumer thread; ``blocks`` is
+        :func:`kv_block_range`'s answer; ``extent_k`` (varlen only) the rows of the K/V
+        tensors."""
+        n_block_min, n_block_max, n_unmasked_min, n_unmasked_max = blocks
         qk_thr = qk_mma.get_slice(tidx)
         pv_thr = pv_mma.get_slice(tidx)
         tSrQ = qk_thr.make_fragment_A(qk_thr.partition_A(sQ))
@@ -396,7 +457,7 @@ class FlashAttentionForwardSm90:
         alpha = cute.make_rmem_tensor(cute.make_layout(num_rows), Float32)
 
         q_handle = q_use.wait_and_advance()
-        for i in cutlass.range(n_block_max, unroll=1):
+        for i in cutlass.range(n_block_max - n_block_min, unroll=1):
             n_block = n_block_max - 1 - i
             acc_S = qk_thr.make_fragment_C(acc_S_shape)
             k_handle = k_use.wait_and_advance()
@@ -415,7 +476,7 @@ class FlashAttentionForwardSm90:
             k_handle.release()
 
             acc_S_mn = acc_rows_cols(acc_S)
-            if n_block >= n_block_unmasked:
+            if block_needs_mask(n_block, n_unmasked_min, n_unmasked_max, window[0] is not None):
                 apply_mask(
                     acc_S_mn,
                     cS_mn,
@@ -424,6 +485,7 @@ class FlashAttentionForwardSm90:
                     seqlen_q,
                     seqlen_k,
                     self.causal,
+                    *window,
                 )
             softmax.update(acc_S_mn, alpha)
             rescale_rows(acc_O_mn, alpha)
@@ -432,6 +494,11 @@ class FlashAttentionForwardSm90:
             tOrP = acc_as_operand_a(rP)
 
             v_handle = v_use.wait_and_advance()
+            if cutlass.const_expr(extent_k is not None):
+                # V rows past seqlen_k, inside the tensor: NaN padding must not meet P = 0.
+                pad_start, pad_end = padded_key_rows(n_block, seqlen_k, extent_k, self.tile_n)
+                if pad_start < pad_end:
+                    self.zero_rows(sV[None, None, v_handle.index], pad_start, pad_end, tidx)
             warpgroup.fence()
             for kb in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
                 pv_mma.set(warpgroup.Field.ACCUMULATE, True)
@@ -447,6 +514,17 @@ class FlashAttentionForwardSm90:
             v_handle.release()
 
         self.epilogue(softmax, acc_O, pv_thr, mO, mLSE, tidx, m_block, head, batch, seqlen_q)
+
+    @cute.jit
+    def zero_rows(self, sV: cute.Tensor, start: Int32, end: Int32, tidx: Int32) -> None:
+        """Zero the key rows ``start .. end - 1`` of one V stage ``(D, tile_n)`` in shared
+        memory, all consumer threads together, then make the writes visible to the WGMMA (async
+        proxy) of every consumer warpgroup before any of them reads the stage."""
+        num_threads = WG_THREADS * self.num_consumer_wg
+        for idx in cutlass.range(tidx, (end - start) * self.head_dim, num_threads, unroll=1):
+            sV[idx % self.head_dim, start + idx // self.head_dim] = self.dtype(0.0)
+        cute.arch.fence_proxy("async.shared", space="cta")
+        cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=num_threads)
 
     @cute.jit
     def epilogue(
@@ -492,6 +570,9 @@ class FlashAttentionForwardSm90:
 
     # ------------------------------------------------------------------ compile-only
 
-    def compile(self, *, options: str = "") -> object:
-        """The CPU-only check: compile for sm_90a on fake tensors (no GPU touched)."""
-        return compile_on_fake_tensors(self, self.dtype, "sm_90a", options)
+    def compile(self, *, options: str = "", varlen: bool = False, window: bool = False) -> object:
+        """The CPU-only check: compile for sm_90a on fake tensors (no GPU touched), with the
+        varlen lengths and the window bounds as arguments when asked."""
+        return compile_on_fake_tensors(
+            self, self.dtype, "sm_90a", options, varlen=varlen, window=window
+        )
