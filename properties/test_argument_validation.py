@@ -92,6 +92,7 @@ TABLE = [
     e(AttentionCase, "softmax_scale", **CASE, softmax_scale=0.0),
     e(AttentionCase, "softmax_scale", **CASE, softmax_scale=math.nan),
     e(AttentionCase, "softmax_scale", **CASE, softmax_scale=-math.inf),
+    e(AttentionCase, "softmax_scale", **CASE, softmax_scale=1e18),
     e(AttentionCase, "softmax_scale", **CASE, softmax_scale="0.1"),
     e(AttentionCase, "softmax_scale", **CASE, softmax_scale=True),
     e(AttentionCase, "mask must be", **CASE, mask={"causal": True}),

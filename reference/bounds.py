@@ -243,29 +243,31 @@ def error_bound(
     n = case.Sk + 2 * _num_blocks(case, block_n) + (case.sink is not None) + chain.num_splits
     bound = np.zeros_like(ref_o)
     values = {}  # kv head -> _Values of the current batch: converted once, not per row chunk
-    for chunk in _row_chunks(case, chain, block_n, kv_order):
-        key = (chunk.b, case.kv_head(chunk.h))
-        if key not in values:
-            values = {key: _Values.of(case.v[chunk.b, :, key[1], :])}
-        value = values[key]
-        v = value.v
-        l_safe = np.where(chunk.l > 0, chunk.l, 1)[:, None]
-        o = ref_o[chunk.b, chunk.rows, chunk.h, :]
-        if np.isnan(o).any():
-            o = np.where(np.isnan(o), chunk.p @ v / l_safe, o)
-        p_mma = chunk.p + chunk.w_common + chunk.w_p  # >= |P~_j| entering P V
-        rest = (chunk.w_p + gamma(n, chain.u_pv) * p_mma) @ value.abs_v
-        numerator = _weighted_abs_dev(chunk.w_common, value, o) + rest
-        numerator += chunk.w_sink[:, None] * np.abs(o)  # the sink: a key whose value is 0
-        rel = (chunk.w_common.sum(axis=1) + chunk.w_sink)[:, None] / l_safe
-        g = gamma(n, chain.u_acc)
-        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+    # An extreme case (a scale of 1e18) overflows the evaluation: inf - inf is NaN, mapped to
+    # inf (no bound) rather than raised.
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        for chunk in _row_chunks(case, chain, block_n, kv_order):
+            key = (chunk.b, case.kv_head(chunk.h))
+            if key not in values:
+                values = {key: _Values.of(case.v[chunk.b, :, key[1], :])}
+            value = values[key]
+            v = value.v
+            l_safe = np.where(chunk.l > 0, chunk.l, 1)[:, None]
+            o = ref_o[chunk.b, chunk.rows, chunk.h, :]
+            if np.isnan(o).any():
+                o = np.where(np.isnan(o), chunk.p @ v / l_safe, o)
+            p_mma = chunk.p + chunk.w_common + chunk.w_p  # >= |P~_j| entering P V
+            rest = (chunk.w_p + gamma(n, chain.u_pv) * p_mma) @ value.abs_v
+            numerator = _weighted_abs_dev(chunk.w_common, value, o) + rest
+            numerator += chunk.w_sink[:, None] * np.abs(o)  # the sink: a key whose value is 0
+            rel = (chunk.w_common.sum(axis=1) + chunk.w_sink)[:, None] / l_safe
+            g = gamma(n, chain.u_acc)
             x = (numerator / l_safe + (1 + rel) * g * np.abs(o)) / ((1 - rel) * (1 - g))
-        x = np.where((rel < 1) & (g < 1), x, np.inf)  # L~ may be ~0: no finite bound
-        out = (1 + chain.u_acc) * x + chain.u_acc * np.abs(o)
-        out = out * (1 + chain.u_o) + chain.u_o * np.abs(o) + chain.half_sub_o
-        out = np.where(np.isnan(out), np.inf, out * EVALUATION_SLACK)
-        bound[chunk.b, chunk.rows, chunk.h, :] = np.where((chunk.l > 0)[:, None], out, 0)
+            x = np.where((rel < 1) & (g < 1), x, np.inf)  # L~ may be ~0: no finite bound
+            out = (1 + chain.u_acc) * x + chain.u_acc * np.abs(o)
+            out = out * (1 + chain.u_o) + chain.u_o * np.abs(o) + chain.half_sub_o
+            out = np.where(np.isnan(out), np.inf, out * EVALUATION_SLACK)
+            bound[chunk.b, chunk.rows, chunk.h, :] = _on_rows(chunk.l, out)
     return bound
 
 
@@ -298,26 +300,34 @@ def lse_error_bound(
     n = case.Sk + 2 * _num_blocks(case, block_n) + (case.sink is not None) + chain.num_splits
     ref_lse = reference.lse
     bound = np.zeros((case.B, case.Hq, case.Sq))
-    for chunk in _row_chunks(case, chain, block_n, kv_order):
-        nonempty = chunk.l > 0
-        ln_l = np.log(np.where(nonempty, chunk.l, 1))
-        lse = chunk.scaled_max + ln_l
-        if ref_lse is not None:
-            given = np.asarray(ref_lse, dtype=np.float64)[chunk.b, chunk.h, chunk.rows]
-            lse = np.where(np.isfinite(given), given, lse)
-        # Only weights that enter row_sum move the LSE: w_common (it holds dP when row_sum adds
-        # the rounded P); P's rounding before P V alone does not.
-        relative = (chunk.w_common.sum(axis=1) + chunk.w_sink) / np.where(nonempty, chunk.l, 1)
-        r = relative + gamma(n, chain.u_acc) * (1 + relative)  # |L~ - l| <= r l
-        with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # NaN -> inf, as above
+        for chunk in _row_chunks(case, chain, block_n, kv_order):
+            nonempty = chunk.l > 0
+            ln_l = np.log(np.where(nonempty, chunk.l, 1))
+            lse = chunk.scaled_max + ln_l
+            if ref_lse is not None:
+                given = np.asarray(ref_lse, dtype=np.float64)[chunk.b, chunk.h, chunk.rows]
+                lse = np.where(np.isfinite(given), given, lse)
+            # Only weights that enter row_sum move the LSE: w_common (it holds dP when row_sum adds
+            # the rounded P); P's rounding before P V alone does not.
+            relative = (chunk.w_common.sum(axis=1) + chunk.w_sink) / np.where(nonempty, chunk.l, 1)
+            r = relative + gamma(n, chain.u_acc) * (1 + relative)  # |L~ - l| <= r l
             d = np.where(r < 1, -np.log1p(-np.minimum(r, 1)), np.inf)  # >= |ln L~ - ln l|
-        out = d + chain.eps * np.maximum(1, ln_l + d)
-        out += 3 * chain.u_s * (np.abs(chunk.scaled_max) + chain.tau * LN_2 + np.abs(lse))
-        if chain.num_splits > 1:  # the combine's log and addition
-            out += chain.eps + 2 * chain.u_acc * np.abs(lse)
-        out = np.where(np.isnan(out), np.inf, out * EVALUATION_SLACK)
-        bound[chunk.b, chunk.h, chunk.rows] = np.where(nonempty, out, 0)
+            out = d + chain.eps * np.maximum(1, ln_l + d)
+            out += 3 * chain.u_s * (np.abs(chunk.scaled_max) + chain.tau * LN_2 + np.abs(lse))
+            if chain.num_splits > 1:  # the combine's log and addition
+                out += chain.eps + 2 * chain.u_acc * np.abs(lse)
+            out = np.where(np.isnan(out), np.inf, out * EVALUATION_SLACK)
+            bound[chunk.b, chunk.h, chunk.rows] = _on_rows(chunk.l, out)
     return bound
+
+
+def _on_rows(row_sum: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """``out`` on rows that see a key (``row_sum > 0``), 0 on empty rows (the kernel must return
+    exactly O = 0 / LSE = -inf there), inf where the evaluation itself overflowed (NaN)."""
+    shape = (-1,) + (1,) * (out.ndim - 1)
+    live, unknown = (row_sum > 0).reshape(shape), np.isnan(row_sum).reshape(shape)
+    return np.where(live, out, np.where(unknown, np.inf, 0))
 
 
 def visible_v_range(case: AttentionCase) -> np.ndarray:

@@ -126,6 +126,11 @@ class CausalAlignment(enum.Enum):
     TOP_LEFT = "top_left"  # torch SDPA is_causal: key j visible from query i iff j <= i
 
 
+# The largest softmax_scale a case takes: 1/sqrt(D) is at most 1, and past this the softmax is
+# a hard max while the fp32 emulation and the bound overflow.
+MAX_SOFTMAX_SCALE = 2.0**20
+
+
 @dataclass(frozen=True, eq=False)
 class Mask:
     """Which keys each query row may see. All constraints combine with AND.
@@ -327,8 +332,11 @@ class AttentionCase:
             value = float(scale)
         except OverflowError:  # an int beyond the float range
             value = math.inf
-        if not (math.isfinite(value) and value > 0):
-            raise ValueError(f"softmax_scale={scale!r} must be finite and > 0")
+        if not (math.isfinite(value) and 0 < value <= MAX_SOFTMAX_SCALE):
+            raise ValueError(
+                f"softmax_scale={scale!r} must be > 0 and <= 2^20 (a larger scale turns every "
+                "softmax into a hard max, and the fp32 emulation and the bound overflow)"
+            )
         object.__setattr__(self, "softmax_scale", value)
 
     def _check_mask(self) -> None:

@@ -30,6 +30,7 @@ from attention_crossval.reference.case import (
     INPUT_DTYPES,
     LAYOUTS,
     MAX_ELEMENTS_CEILING,
+    MAX_SOFTMAX_SCALE,
     MAX_SPLITS,
     AttentionCase,
     CausalAlignment,
@@ -115,10 +116,11 @@ class Config:
         if scale is not None and (
             isinstance(scale, bool)
             or not isinstance(scale, (int, float))
-            or not (math.isfinite(scale) and scale > 0)
+            or not (math.isfinite(scale) and 0 < scale <= MAX_SOFTMAX_SCALE)
         ):
             raise ValueError(
-                f"config.softmax_scale={scale!r} must be None (= 1/sqrt(D)) or a finite number > 0"
+                f"config.softmax_scale={scale!r} must be None (= 1/sqrt(D)) or a number > 0 and "
+                "<= 2^20"
             )
         if self.Hq % self.Hkv:
             raise ValueError(f"config.Hq={self.Hq} must be a multiple of config.Hkv={self.Hkv}")

@@ -55,12 +55,12 @@ def fmt(value, digits: int = 3) -> str:
 def row_cells(record: dict) -> list[str]:
     """The table cells of one record (shared by the Markdown and HTML tables)."""
     config, kernel = record["config"]["name"], record["kernel"]["name"]
-    if record["status"] != "ok" or "primary_pair" not in record:  # no forward: see backward
-        message = (record.get("message") or "").replace("|", "/").replace("\n", " ")
+    if record["status"] != "ok" or record.get("primary_pair") not in record["pairs"]:
+        message = (record.get("message") or "").replace("|", "/").replace("\n", " ")  # no forward
         return [config, kernel, record["verdict"], message[:120]] + [""] * (len(COLUMNS) - 4)
     pair = record["pairs"][record["primary_pair"]]
     worst = record.get("worst") or {}
-    det = record["determinism"]
+    det = record.get("determinism") or {"checked": False}  # optional in the schema: not checked
     determ = "-" if not det["checked"] else ("bitwise" if det["bitwise_equal"] else "DIFFERS")
     triage = " · ".join(
         fmt(record["pairs"][p]["max_bound_fraction"], 2) if p in record["pairs"] else "-"

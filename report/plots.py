@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import math
+from collections import Counter
 
 import matplotlib
 
@@ -33,7 +34,31 @@ def plottable(records: list[dict]) -> list[dict]:
     """The ok records with the forward plot data (``histogram``, ``row_profile``, the primary
     pair); the schema leaves those optional, e.g. for a backward-only record."""
     keys = ("histogram", "row_profile", "primary_pair")
-    return [r for r in records if r["status"] == "ok" and all(k in r for k in keys)]
+    return [
+        r
+        for r in records
+        if r["status"] == "ok"
+        and all(k in r for k in keys)
+        and r["primary_pair"] in r["pairs"]
+        and _histogram_ok(r["histogram"])
+    ]
+
+
+def _histogram_ok(histogram: dict) -> bool:
+    """Finite, increasing bin edges and one count per bin: what the plots draw from (a report
+    edited by hand or damaged can hold anything the schema's types allow)."""
+    try:
+        edges = np.asarray(histogram["edges_log10"], dtype=np.float64)
+    except (OverflowError, TypeError, ValueError):
+        return False
+    counts = histogram["counts"]
+    return (
+        edges.ndim == 1
+        and edges.size >= 2
+        and bool(np.all(np.isfinite(edges)))
+        and bool(np.all(np.diff(edges) > 0))
+        and len(counts) == edges.size - 1
+    )
 
 
 def _fraction(record: dict) -> float:
@@ -51,8 +76,12 @@ def histograms(records: list[dict]) -> bytes:
     ``WORST_PANELS`` configs (right), one line per kernel. One axes per config would cost
     matplotlib ~0.3 s each, too slow for a one-minute report."""
     records = plottable(records)
+    # One strip per record needs one set of bins: the report's (a record with other edges,
+    # from a hand-edited or damaged file, is left out of the strip).
+    common = Counter(tuple(r["histogram"]["edges_log10"]) for r in records).most_common(1)[0][0]
+    records = [r for r in records if tuple(r["histogram"]["edges_log10"]) == common]
     records = sorted(records, key=lambda r: -_fraction(r))
-    edges = np.array(records[0]["histogram"]["edges_log10"])
+    edges = np.array(common, dtype=np.float64)
     shares = np.array([_shares(r) for r in records])
     figure = plt.figure(figsize=(14, max(4.0, 1.2 + 0.13 * len(records))))
     strip = figure.add_axes((0.22, 0.06, 0.3, 0.9))
