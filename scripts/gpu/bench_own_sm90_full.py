@@ -1,0 +1,68 @@
+"""TFLOP/s of own-sm90, own-sm90-full and flash_attn.cute (bf16, D = 128) on two shapes, with
+the largest difference of own-sm90-full's output from each peer's (a fast wrong kernel is no
+result). Lines starting with ``bench`` are the result."""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable
+
+import torch
+from triton.testing import do_bench
+
+from attention_crossval.kernel.adapters.own_sm90 import launch, launch_full
+
+
+def tflops(flops: float, fn: Callable[[], object]) -> float:
+    try:
+        fn()
+        return flops / do_bench(fn) / 1e9
+    except Exception:  # noqa: BLE001 - a failing kernel gives NaN in the table
+        traceback.print_exc()
+        return float("nan")
+
+
+def shape(B: int, Hq: int, Hkv: int, S: int, D: int, causal: bool) -> str:
+    from flash_attn.cute.interface import _flash_attn_fwd
+
+    q = torch.randn(B, S, Hq, D, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(B, S, Hkv, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    outs = {name: torch.zeros_like(q) for name in ("own", "full", "fa")}
+    lses = {name: torch.zeros(B, Hq, S, device="cuda") for name in outs}
+    lengths = torch.full((B,), S, dtype=torch.int32, device="cuda")
+    scale = D**-0.5
+    calls = {
+        "full": lambda: launch_full(
+            q, k, v, outs["full"], lses["full"], scale, causal, lengths, lengths, None
+        ),
+        "fa": lambda: _flash_attn_fwd(
+            q, k, v, softmax_scale=scale, causal=causal, return_lse=True, out=outs["fa"],
+            lse=lses["fa"],
+        ),
+    }  # fmt: skip
+    if Hq == Hkv:
+        calls["own"] = lambda: launch(q, k, v, outs["own"], lses["own"], scale, causal=causal)
+    flops = 4 * B * Hq * S * S * D / (2 if causal else 1)
+    speeds = {name: tflops(flops, call) for name, call in calls.items()}
+    diffs = {
+        name: (outs["full"].float() - outs[name].float()).abs().max().item()
+        for name in calls
+        if name != "full"
+    }
+    cells = " ".join(
+        f"{name}={speeds.get(name, float('nan')):.0f}" for name in ("own", "full", "fa")
+    )
+    diff = " ".join(f"max|full-{name}|={value:.3g}" for name, value in diffs.items())
+    return f"bench B={B} Hq={Hq} Hkv={Hkv} S={S} D={D} causal={causal}: TFLOP/s {cells}; {diff}"
+
+
+for args in (
+    (4, 16, 16, 4096, 128, False),
+    (4, 16, 16, 4096, 128, True),
+    (4, 32, 8, 4096, 128, True),
+):
+    try:
+        print(shape(*args), flush=True)
+    except Exception:  # noqa: BLE001 - e.g. out of memory: next shape
+        traceback.print_exc()
+        print(f"bench {args}: ERROR (traceback above)", flush=True)
