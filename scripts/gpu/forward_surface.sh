@@ -2,8 +2,8 @@
 # The forward surface on a GPU: flash-attn-cute's paged known finding (strict xfail) and the
 # feature sweeps of flash-attn-cute and flex-attention, one feature per pytest run so that a
 # timeout loses one feature, not the sweep. Run from the repository root after
-#   source .devkit/device-setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH   (docs/gpu.md#devkit;
-# on a machine with the packages installed, nothing)
+#   export PYTHONPATH=$PWD:$PYTHONPATH
+# with CuTe DSL and flash_attn.cute importable (installed, or from wheels: docs/gpu.md#devkit).
 # Logs and a JUnit XML per step go to $OUT (default /tmp/surface2-out), failing cases to
 # $OUT/cases; a summary table is printed last. The timeouts add up to 340 s (under 6 minutes
 # with the start-up of each step counted in its own timeout).

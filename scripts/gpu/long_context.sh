@@ -4,8 +4,8 @@
 # the unbroken one passes; (ii) a K and V of 2^31 + 2^17 elements each (gpu-huge) through
 # flash-attn-cute and the Triton kernels; (iii) the existing long-context targets. Run from the
 # repository root after
-#   source .devkit/device-setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH   (docs/gpu.md#devkit;
-# on a machine with the packages installed, nothing)
+#   export PYTHONPATH=$PWD:$PYTHONPATH
+# with CuTe DSL and flash_attn.cute importable (installed, or from wheels: docs/gpu.md#devkit).
 # One pytest invocation per step, each under `timeout`, printing as it goes (-s), logs in $OUT
 # (default /tmp/long2-out); a summary table last. The timeouts add up to 400 s.
 set -u

@@ -1,6 +1,7 @@
 #!/bin/bash
 # own-sm90-full (GQA, varlen, windows) on an H200, first run; from the repository root, after
-#   source .devkit/device-setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH
+#   export PYTHONPATH=$PWD:$PYTHONPATH
+# with CuTe DSL and flash_attn.cute importable (installed, or from wheels: docs/gpu.md#devkit).
 # 1. the kernel suite for own-sm90-full (timeout 240 s);
 # 2. the targeted SM90 cases: own-sm90's six (its PTX changed by a few instructions) and
 #    own-sm90-full's eight (GQA, NaN padding in a partial block, empty sequences, windows),
