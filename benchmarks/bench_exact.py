@@ -28,17 +28,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from attention_crossval.reference.case import INPUT_DTYPES, AttentionCase, Mask  # noqa: E402
 from attention_crossval.reference.exact import exact_attention, naive_exact_attention, sample_rows  # noqa: E402
+from benchmarks.machine import cpu_model  # noqa: E402
 
 
 def machine() -> str:
     """Platform, CPU model, cores, mpmath backend, numpy version."""
-    cpu = "unknown CPU"
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+    cpu = cpu_model()
     return (
         f"{platform.platform()} | {cpu} | {os.cpu_count()} cores | Python "
         f"{platform.python_version()} | numpy {np.__version__} | mpmath {mpmath.__version__} "

@@ -34,19 +34,14 @@ from attention_crossval.reference.case import AttentionCase  # noqa: E402
 from attention_crossval.report.cache import ExactCache  # noqa: E402
 from attention_crossval.report.configs import Config  # noqa: E402
 from attention_crossval.report.runner import PHASES, Kernel, RunOptions, evaluate  # noqa: E402
+from benchmarks.machine import cpu_model  # noqa: E402
 
 LENGTHS = (4096, 16384, 65536, 131072)
 
 
 def machine() -> str:
     """Host, CPU, cores and the GPU torch sees (if any)."""
-    cpu = "unknown CPU"
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+    cpu = cpu_model()
     gpu = "no GPU"
     try:
         import torch

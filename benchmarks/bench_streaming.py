@@ -26,22 +26,15 @@ import numpy as np  # noqa: E402
 from attention_crossval.reference.case import INPUT_DTYPES, AttentionCase  # noqa: E402
 from attention_crossval.reference.precision import StreamingPrecision  # noqa: E402
 from attention_crossval.reference.streaming import streaming_attention  # noqa: E402
+from benchmarks.machine import cpu_model  # noqa: E402
 
 MIB = 2**20
 
 
 def machine() -> str:
     """CPU model, logical cores, numpy version and BLAS thread setting."""
-    model = platform.processor() or "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            model = next(
-                line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")
-            )
-    except (OSError, StopIteration):
-        pass
     return (
-        f"{model}, {os.cpu_count()} logical cores, Python {platform.python_version()}, "
+        f"{cpu_model()}, {os.cpu_count()} logical cores, Python {platform.python_version()}, "
         f"numpy {np.__version__}, OPENBLAS_NUM_THREADS={os.environ['OPENBLAS_NUM_THREADS']}"
     )
 
