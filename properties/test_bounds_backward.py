@@ -197,6 +197,25 @@ def test_bound_catches_a_chain_other_than_the_declared_one(declared, actual) -> 
     assert max(float(f.max()) for f in fractions.values()) > 1
 
 
+def assert_needs_its_own_bound(
+    case: BackwardCase,
+    base: BackwardPrecision,
+    actual: BackwardPrecision,
+    *,
+    block: int,
+    grads: tuple[str, ...] = ("dk",),
+) -> None:
+    """The emulation of ``actual`` on ``case`` exceeds ``base``'s bound on ``grads`` and stays
+    within its own: the chain difference matters, and its bound covers it."""
+    got = streaming_backward(case, actual, block_m=block, block_n=block)
+    exact = exact_backward(case)
+    for declared, outside in ((base, True), (actual, False)):
+        fractions = bound_fractions(
+            got, exact, backward_error_bound(case, declared, exact.as_gradients())
+        )
+        assert (max(fractions[g].max() for g in grads) > 1) == outside
+
+
 def test_ds_from_rounded_p_is_outside_flash_attentions_bound() -> None:
     """dS formed from the 16-bit P adds P's rounding to dS: where 32 identical query rows make
     those errors add up in one dK element, FlashAttention's bound is exceeded (6.5x) and the
@@ -207,13 +226,8 @@ def test_ds_from_rounded_p_is_outside_flash_attentions_bound() -> None:
     v = rng.standard_normal((1, 8, 1, 16)).astype(np.float16)
     do = np.repeat(rng.standard_normal((1, 1, 1, 16)), 32, axis=1).astype(np.float16)
     case = BackwardCase(AttentionCase(q, k, v), do)
-    flash = chain("float16", "flash")
-    rounded_p = chain("float16", "ds_from_rounded_p")
-    got = streaming_backward(case, rounded_p, block_m=16, block_n=16)
-    exact = exact_backward(case)
-    for declared, outside in ((flash, True), (rounded_p, False)):
-        bounds = backward_error_bound(case, declared, exact.as_gradients())
-        assert (bound_fractions(got, exact, bounds)["dk"].max() > 1) == outside
+    base, rounded_p = chain("float16", "flash"), chain("float16", "ds_from_rounded_p")
+    assert_needs_its_own_bound(case, base, rounded_p, block=16)
 
 
 def test_dkv_rounded_per_head_is_outside_flash_attentions_bound() -> None:
@@ -225,12 +239,7 @@ def test_dkv_rounded_per_head_is_outside_flash_attentions_bound() -> None:
     case = BackwardCase(forward.build(), do)
     permuted = chain("float16", "permuted")
     per_head = dataclasses.replace(permuted, dkv_rounded_per_head=True)
-    got = streaming_backward(case, per_head, block_m=64, block_n=64)
-    exact = exact_backward(case)
-    for declared, outside in ((permuted, True), (per_head, False)):
-        bounds = backward_error_bound(case, declared, exact.as_gradients())
-        fractions = bound_fractions(got, exact, bounds)
-        assert (max(fractions["dk"].max(), fractions["dv"].max()) > 1) == outside
+    assert_needs_its_own_bound(case, permuted, per_head, block=64, grads=("dk", "dv"))
 
 
 def test_ds_scaled_is_outside_flash_attentions_bound() -> None:
@@ -243,12 +252,8 @@ def test_ds_scaled_is_outside_flash_attentions_bound() -> None:
     k[0, 0, 0] -= q[0, 0, 0].astype(np.float64) * 112 / float(np.sum(q.astype(np.float64) ** 2))
     v, do = (rng.standard_normal((1, n, 1, 64)).astype(np.float16) for n in (3, 1))
     case = BackwardCase(AttentionCase(q, k.astype(np.float16), v), do)
-    flash, scaled = chain("float16", "flash"), chain("float16", "ds_scaled")
-    got = streaming_backward(case, scaled, block_m=16, block_n=16)
-    exact = exact_backward(case)
-    for declared, outside in ((flash, True), (scaled, False)):
-        bounds = backward_error_bound(case, declared, exact.as_gradients())
-        assert (bound_fractions(got, exact, bounds)["dk"].max() > 1) == outside
+    base, scaled = chain("float16", "flash"), chain("float16", "ds_scaled")
+    assert_needs_its_own_bound(case, base, scaled, block=16)
 
 
 @given(backward_cases(max_len=12, max_heads=4, mask_kinds=("causal", "window", "varlen")))
