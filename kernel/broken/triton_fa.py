@@ -14,6 +14,10 @@ names the harness check that must catch it (``expected_check``):
 * ``int32_offsets``: ``key * stride`` in int32, which wraps once a K or V has more than 2^31
   elements (the ``gpu-huge`` preset): it then reads far outside the tensor -> ``error`` (an
   illegal address) where nothing is mapped there, else wrong keys (``bound`` / ``nonfinite``).
+
+The first five ran on the H200 (2026-11-29), before their offsets became int64. ``late_rescale``
+and ``int32_offsets`` have not run on a GPU:
+``late_rescale`` was checked only under Triton's CPU interpreter, with its block lowered.
 """
 
 from __future__ import annotations
