@@ -66,6 +66,15 @@ settings.register_profile(
     suppress_health_check=_SLOW_OK,
     phases=_PHASES,
 )
+# Metered GPU time: the first failure of each test is reported as drawn, not shrunk (a shrink
+# step is a kernel call, often a new compile), so one run lists every failing feature.
+settings.register_profile(
+    "triage",
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=_SLOW_OK,
+    phases=(Phase.explicit, Phase.reuse, Phase.generate),
+)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
 SEED_ENV = "ATTENTION_CROSSVAL_SEED"
