@@ -242,12 +242,17 @@ def trigger_case(spec: KernelSpec, known: KnownFinding) -> AttentionCase:
     (the harness plants NaN past them); with the ``paged`` feature, pages of ``tile_n`` keys
     whose last one is half filled (the harness plants NaN in its tail), two sequences of
     ``1.5 * tile_n`` keys without a varlen finding; ``empty-rows``, ``zero-grad``: an explicit
-    mask hiding whole rows; ``nonfinite``: one query row, hidden.
-    ValueError for another check, mask kind or feature (write its trigger here)."""
+    mask hiding whole rows; ``nonfinite``: one query row, hidden; ``nonfinite`` with a sink: one
+    query whose scores lie about 1000 below the sink (``exp(sink - max score)`` overflows
+    float32); ``hidden-nan``: a window or explicit mask hiding key 0 from every row, the other
+    keys of its tile visible. ValueError for another check, mask kind or feature (write its
+    trigger here)."""
     rng = np.random.default_rng(0)
     dtype = next(d for d in ("bfloat16", "float16", "float32") if d in spec.dtypes)
     D = min(spec.head_dims)
     Dv = D if D in spec.value_dims_for(D) else spec.value_dims_for(D)[0]
+    if known.check == "nonfinite" and known.features == {"sink"} and not known.mask_kinds:
+        return _dominant_sink_case(D, Dv, spec.tile_n, dtype, rng)
     Sk = 2 * spec.tile_n
     options: dict[str, Any] = {}
     padding = known.mask_kinds <= {"varlen"} and known.features <= {"paged"}
@@ -265,6 +270,17 @@ def trigger_case(spec: KernelSpec, known: KnownFinding) -> AttentionCase:
         explicit = rng.random((1, 1, Sq, Sk)) < 0.5
         explicit[..., : max(1, Sq // 4), :] = False  # the first quarter of the rows sees no key
         mask = Mask(explicit=explicit)
+    elif known.check == "hidden-nan" and len(known.mask_kinds) == 1 and not known.features:
+        # key 0 hidden from every row, in a tile whose other keys every row sees
+        B, Sq, Sk = 1, spec.tile_m, spec.tile_m + 1
+        if known.mask_kinds == {"window"}:  # bottom-right offset 1: row i sees keys > i
+            mask = Mask(window_left=0)
+        elif known.mask_kinds == {"explicit"}:
+            explicit = np.ones((1, 1, Sq, Sk), dtype=bool)
+            explicit[..., 0] = False
+            mask = Mask(explicit=explicit)
+        else:
+            raise ValueError(f"no hidden-nan trigger for {known.when}")
     else:
         raise ValueError(
             f"no trigger case for a known {known.check!r} with {known.when}: add one to "
@@ -273,3 +289,18 @@ def trigger_case(spec: KernelSpec, known: KnownFinding) -> AttentionCase:
     q, k, v = (rng.standard_normal((B, S, 2, d)) for S, d in ((Sq, D), (Sk, D), (Sk, Dv)))
     arrays = (a.astype(INPUT_DTYPES[dtype]) for a in (q, k, v))
     return AttentionCase(*arrays, mask=mask, label=f"trigger:{known.check}", **options)
+
+
+def _dominant_sink_case(
+    D: int, Dv: int, tile_n: int, dtype: str, rng: np.random.Generator
+) -> AttentionCase:
+    """One query over ``tile_n`` keys, every score ``-16 D`` (q = 4, k = -4, scale 1), a sink of
+    0: the sink carries all the weight (LSE = 0, O about ``exp(-16 D)``), and a kernel that
+    leaves the sink out of the running max computes ``exp(16 D)``, which overflows."""
+    q = np.full((1, 1, 2, D), 4.0)
+    k = np.full((1, tile_n, 2, D), -4.0)
+    v = rng.standard_normal((1, tile_n, 2, Dv))
+    arrays = (a.astype(INPUT_DTYPES[dtype]) for a in (q, k, v))
+    return AttentionCase(
+        *arrays, softmax_scale=1.0, sink=np.zeros(2, np.float32), label="trigger:nonfinite"
+    )

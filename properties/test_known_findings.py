@@ -47,6 +47,8 @@ _NAN = ("padding-read", {"varlen"}, set())
 _NAN_BACKWARD = ("backward padding-read", {"varlen"}, set())
 _PAGE_TAIL = ("padding-read", set(), {"paged"})  # pages of 128 keys, H200 2026-12-01
 _HIDING = {"explicit", "window", "varlen"}
+# flash-attn-cute, H200 2026-12-01: window-hidden keys read; a dominant sink overflows
+_FA_SURFACE = [("hidden-nan", {"window"}, set()), ("nonfinite", set(), {"sink"})]
 DECLARED = {
     "sdpa-math": [_NAN, _NAN_BACKWARD],
     "sdpa-efficient": [_NAN, _NAN_BACKWARD],
@@ -57,8 +59,9 @@ DECLARED = {
         ("backward nonfinite", _HIDING, set()),
         _NAN_BACKWARD,
     ],
-    "flash-attn-cute": [_NAN, _PAGE_TAIL, _NAN_BACKWARD],
-    "flash-attn-cute-deterministic": [_NAN, _PAGE_TAIL, _NAN_BACKWARD],
+    "flash-attn-cute": [_NAN, _PAGE_TAIL, *_FA_SURFACE, _NAN_BACKWARD],
+    "flash-attn-cute-deterministic": [_NAN, _PAGE_TAIL, *_FA_SURFACE, _NAN_BACKWARD],
+    "flex-attention": [_NAN, ("hidden-nan", {"explicit"}, set())],  # H200 2026-12-01
 }
 
 
