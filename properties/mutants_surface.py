@@ -72,6 +72,28 @@ SURFACE_MUTANTS: dict[str, Mutant] = {
             (Mutation(STREAMING, "row_sum[:] = 1", "row_sum[:] = 0"),),
         ),
         Mutant(
+            "sink_outside_running_max",
+            "the sink joins the row sum only at the end, scaled by the scores' max: a sink "
+            "more than 88 above every score overflows float32 (flash-attn-cute's finding)",
+            (
+                Mutation(
+                    STREAMING,
+                    "row_max[:] = score_dtype.type(case.sink[h]) * score_dtype.type(LOG2_E) "
+                    "/ scale_log2\n        row_sum[:] = 1",
+                    "pass",
+                ),
+                Mutation(
+                    STREAMING,
+                    "row_sum_safe = np.where(row_sum > 0, row_sum, 1)",
+                    "if case.sink is not None:\n"
+                    "        sink2 = score_dtype.type(case.sink[h]) * score_dtype.type(LOG2_E)\n"
+                    "        row_max = np.where(row_max == -np.inf, sink2 / scale_log2, row_max)\n"
+                    "        row_sum = row_sum + np.exp2(sink2 - row_max * scale_log2)\n"
+                    "    row_sum_safe = np.where(row_sum > 0, row_sum, 1)",
+                ),
+            ),
+        ),
+        Mutant(
             "hidden_v_read",
             "V rows that no query sees are read and weighted by 0 (0 * NaN = NaN)",
             (Mutation(STREAMING, "V = np.where(seen.any(axis=0)[:, None], V, 0)", "V = V"),),

@@ -41,6 +41,7 @@ def _hunt(attention, surfaces=None):
         ("softcap_before_scale", ("softcap", "softcap_saturated")),
         ("sink_left_out_of_lse", ("sink", "sink_dominant", "sink_below")),
         ("sink_weight_dropped", ("sink", "sink_dominant", "sink_below")),
+        ("sink_outside_running_max", ("sink_dominant",)),
     ],
 )
 def test_property_catches_surface_mutant(name: str, surfaces: tuple[str, ...]) -> None:

@@ -117,7 +117,10 @@ def _competing_sink(draw: st.DrawFn, case: AttentionCase) -> AttentionCase:
 
 def _dominant_sink(draw: st.DrawFn, case: AttentionCase) -> AttentionCase:
     top, _ = _visible_extremes(case)
-    margin = draw(st.floats(20, 80))
+    # Past 88.7 above the max, exp(sink - max) overflows float32 (past 709.8, float64): a
+    # kernel that adds the sink outside its running max returns inf (flash-attn-cute on the
+    # H200, 2026-12-01). Half the draws lie there.
+    margin = draw(st.one_of(st.floats(20, 80), st.floats(89, 1000)))
     sink = _sink(np.where(np.isnan(top), 0.0, top) + margin, np.inf)
     return dataclasses.replace(case, sink=sink)
 
