@@ -99,9 +99,23 @@ def empty_rows(case: AttentionCase) -> np.ndarray:
 def hidden_keys(case: AttentionCase) -> np.ndarray:
     """Bool ``[B, Sk, Hkv]``: keys that no query row of any head reading that kv head sees, by
     causal, window or explicit masks or padding. Their K/V may hold anything, NaN included: a
-    kernel must not read them (or must not let what it read reach the output)."""
+    kernel must not read them (or must not let what it read reach the output). Without an
+    explicit mask, in O(Sq + Sk) per batch (the union of the rows' :func:`key_ranges`): a 64k
+    prefill formed eight ``[Sq, Sk]`` planes here, 65 s on the H200's host."""
     seen = np.zeros((case.B, case.Sk, case.Hkv), dtype=bool)
     for b in range(case.B):
+        if case.mask.explicit is None:
+            seen[b] = _covered(*key_ranges(case, b), case.Sk)[:, None]
+            continue
         for h in range(case.Hq):
             seen[b, :, case.kv_head(h)] |= visible(case, b, h).any(axis=0)
     return ~seen
+
+
+def _covered(lo: np.ndarray, hi: np.ndarray, size: int) -> np.ndarray:
+    """Bool ``[size]``: positions inside at least one interval ``lo <= j < hi <= size``."""
+    nonempty = lo < hi  # an empty interval's lo may lie past size
+    starts = np.zeros(size + 1, np.int64)
+    np.add.at(starts, lo[nonempty], 1)
+    np.add.at(starts, hi[nonempty], -1)
+    return np.cumsum(starts[:size]) > 0
