@@ -11,11 +11,26 @@ Structure (one CTA per ``tile_m`` query rows of one (batch, head)):
 * ``epilogue``: ``O * (1 / row_sum)`` (0 for empty rows), stored straight from registers with a
   ``row < seqlen_q`` predicate, and the natural-log LSE (``-inf`` for empty rows).
 
-Kept simple rather than fast: no intra-warpgroup overlap of softmax and MMA, no TMA store, no
-persistent scheduler. Layouts: q, k, v, o ``[B, S, H, D]`` with unit stride on D (any other
-strides, e.g. guard-banded views), lse ``[B, H, Sq]`` float32; B, H, Sq, Sk dynamic; D static
-(64 or 128); bottom-right causal or no mask. Query head ``h`` reads kv head
-``h // (Hq // Hkv)`` (GQA/MQA; Hq a multiple of Hkv).
+By default kept simple rather than fast: each WGMMA is waited for (``wait_group(0)``) before the
+next step, so the softmax never overlaps tensor-core work; no TMA store, no persistent scheduler.
+This default is the configuration run and checked on the H200.
+
+The knob ``overlap=True`` (COMPILED FOR sm_90a, NEVER RUN ON A GPU YET; the adapters use it only
+under ``ATTENTION_CROSSVAL_SM90_OVERLAP=1``, see kernel/adapters/own_sm90.py) pipelines the loop
+inside each consumer warpgroup, as FlashAttention 3 does: after the first block's softmax, each
+step issues ``S = Q K^T`` of the next block and ``O += P V`` of the current one, waits for the
+first group only (``wait_group(1)``), masks and softmaxes the new S while the PV may still run,
+then waits for the PV, releases its V stage, rescales O by the new block's ``alpha`` and turns
+the new S into P; the last block's PV runs after the loop (:meth:`kv_loop_overlap`). Blocks that
+need the mask and those that do not run in separate loops (:func:`split_by_mask`), so no branch
+sits between the two waits. ptxas keeps the ``wait_group(1)`` but schedules the final wait about
+halfway through the softmax (the rest of it runs after the PV), so the overlap is partial; only a
+GPU measurement (benchmarks/bench_own_sm90.py) says what it is worth.
+
+Layouts: q, k, v, o ``[B, S, H, D]`` with unit stride on D (any other strides, e.g. guard-banded
+views), lse ``[B, H, Sq]`` float32; B, H, Sq, Sk dynamic; D static (64 or 128); bottom-right
+causal or no mask. Query head ``h`` reads kv head ``h // (Hq // Hkv)`` (GQA/MQA; Hq a multiple
+of Hkv).
 
 Optional trailing arguments, each a compile-time choice by being None or not (the adapter
 ``own-sm90`` passes none of them; ``own-sm90-full`` passes them, and that path has only been
