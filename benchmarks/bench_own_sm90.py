@@ -1,7 +1,7 @@
 """TFLOP/s of the own SM90 forward kernel's variants against flash_attn.cute and cuDNN.
 
 Run (on an H100/H200 with flash-attn-cute, from the repository root):
-``python benchmarks/bench_own_sm90.py`` (``--variants default,overlap``, ``--rows 0,3``,
+``python benchmarks/bench_own_sm90.py`` (``--variants default,overlap,pingpong``, ``--rows 0,3``,
 ``--warmup MS --rep MS`` for ``triton.testing.do_bench``). For each row of :data:`ROWS` (bf16,
 Hq = Hkv, Sq = Sk) it times, by ``do_bench``'s median, each own variant
 (kernel/adapters/own_sm90.py ``launch`` with that variant's knobs), flash_attn.cute's SM90
@@ -43,6 +43,7 @@ ROWS: tuple[tuple[int, int, int, int, bool], ...] = (
 VARIANTS: dict[str, dict[str, bool]] = {
     "default": {},
     "overlap": {"overlap": True},
+    "pingpong": {"overlap": True, "pingpong": True},
 }
 NAN = float("nan")
 

@@ -72,13 +72,16 @@ OVERLAP_CONFIGS = [(*config, path) for config in CONFIGS for path in ("plain", "
 OVERLAP_CONFIGS.append(("bfloat16", 128, True, "varlen"))
 
 
-def _sm90(dtype: str, head_dim: int, causal: bool, *, overlap: bool = False):
+def _sm90(
+    dtype: str, head_dim: int, causal: bool, *, overlap: bool = False, pingpong: bool = False
+):
     from attention_crossval.kernel.adapters.own_sm90 import NUM_CONSUMER_WG, TILE_N
     from attention_crossval.kernel.sm90.fwd import FlashAttentionForwardSm90
 
     return FlashAttentionForwardSm90(
-        dtype, head_dim, causal, num_consumer_wg=NUM_CONSUMER_WG, tile_n=TILE_N, overlap=overlap
-    )
+        dtype, head_dim, causal, num_consumer_wg=NUM_CONSUMER_WG, tile_n=TILE_N,
+        overlap=overlap, pingpong=pingpong,
+    )  # fmt: skip
 
 
 def _ptx(compiled: object) -> str:
@@ -165,6 +168,51 @@ def test_sm90_overlap_compiles_without_spills(
         missing = [spelling for spelling in PTX_VARLEN_MUST_HAVE if spelling not in ptx]
         assert not missing, f"PTX lacks {missing}"
     assert_no_spills("".join(capfd.readouterr()))
+
+
+@pytest.mark.cpu
+@needs_cutlass
+@pytest.mark.parametrize(
+    ("dtype", "head_dim", "causal", "path"),
+    [
+        ("bfloat16", 128, False, "plain"),
+        ("bfloat16", 128, True, "plain"),
+        ("float16", 64, True, "varlen+window"),
+        ("bfloat16", 128, False, "varlen"),
+    ],
+)
+def test_sm90_pingpong_compiles_without_spills(
+    dtype: str,
+    head_dim: int,
+    causal: bool,
+    path: str,
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """``overlap=True, pingpong=True`` (compiled, never run on a GPU yet) builds without spills
+    and with the turn-taking of the two consumer warpgroups in the PTX: the first warpgroup's
+    one ``bar.arrive`` on its own barrier (2) before the loops, then per loop one ``bar.sync``
+    on the warpgroup's barrier before its GEMMs and one ``bar.arrive`` on the other's after
+    them, on 256 threads; the overlap's waits as without ping-pong."""
+    varlen, window = "varlen" in path, "window" in path
+    kernel = _sm90(dtype, head_dim, causal, overlap=True, pingpong=True)
+    options = f"--keep-ptx --dump-dir={tmp_path} remarks{{ptx}}"
+    ptx = _ptx(kernel.compile(options=options, varlen=varlen, window=window))
+    assert_sm90_ptx(ptx, dtype, head_dim)
+    loops = 3 if window else 2
+    assert ptx.count(OVERLAP_WAIT) == loops
+    assert ptx.count("bar.arrive 2, 256;") == 1
+    assert len(re.findall(r"bar\.sync %r\d+, 256;", ptx)) == loops
+    assert len(re.findall(r"bar\.arrive %r\d+, 256;", ptx)) == loops
+    assert_no_spills("".join(capfd.readouterr()))
+
+
+@pytest.mark.cpu
+@needs_cutlass
+def test_sm90_pingpong_needs_overlap() -> None:
+    """Ping-pong exists only on top of the overlap loop, with two consumer warpgroups."""
+    with pytest.raises(ValueError, match="pingpong"):
+        _sm90("bfloat16", 128, False, pingpong=True)
 
 
 @pytest.mark.cpu
@@ -362,19 +410,21 @@ def test_own_sm90_declarations() -> None:
 
 @pytest.mark.cpu
 def test_own_sm90_overlap_switch(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The development switch: only ``ATTENTION_CROSSVAL_SM90_OVERLAP=1`` makes the registered
-    adapters run the overlap kernel; unset, empty or 0 keeps the default, anything else fails
-    loudly (a typo must not pass off the default kernel's results as the overlap kernel's)."""
-    from attention_crossval.kernel.adapters.own_sm90 import OVERLAP_ENV, overlap_from_env
+    """The development switch: ``ATTENTION_CROSSVAL_SM90_OVERLAP=1`` makes the registered
+    adapters run the overlap kernel, ``=pingpong`` the overlap + ping-pong one; unset, empty or
+    0 keeps the default, anything else fails loudly (a typo must not pass off the default
+    kernel's results as a variant's)."""
+    from attention_crossval.kernel.adapters.own_sm90 import OVERLAP_ENV, knobs_from_env
 
     monkeypatch.delenv(OVERLAP_ENV, raising=False)
-    assert overlap_from_env() is False
-    for value, expected in (("", False), ("0", False), ("1", True)):
+    assert knobs_from_env() == {}
+    pingpong = {"overlap": True, "pingpong": True}
+    for value, expected in (("", {}), ("0", {}), ("1", {"overlap": True}), ("pingpong", pingpong)):
         monkeypatch.setenv(OVERLAP_ENV, value)
-        assert overlap_from_env() is expected
+        assert knobs_from_env() == expected
     monkeypatch.setenv(OVERLAP_ENV, "yes")
     with pytest.raises(ValueError, match=OVERLAP_ENV):
-        overlap_from_env()
+        knobs_from_env()
 
 
 def _case(

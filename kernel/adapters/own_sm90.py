@@ -14,12 +14,13 @@ through the kernel's varlen path (full lengths when the case has none), so a cas
 of 16 variants: (dtype, D, causal, window).
 
 Both adapters run the kernel's default configuration unless the environment variable
-``ATTENTION_CROSSVAL_SM90_OVERLAP=1`` is set when they launch: then they run it with
-``overlap=True`` (kernel/sm90/fwd.py: intra-warpgroup overlap of the softmax with the WGMMAs,
-compiled for sm_90a but not yet run on a GPU). This is for development, so that
-``pytest -m gpu --kernel own-sm90`` can put the overlap kernel through the whole suite; it stays
-a switch, not the default, until a GPU run decides. Benchmarks choose a variant directly with
-the ``overlap`` argument of :func:`launch` and :func:`launch_full`.
+``ATTENTION_CROSSVAL_SM90_OVERLAP`` is set when they launch: ``1`` runs it with ``overlap=True``
+(kernel/sm90/fwd.py: intra-warpgroup overlap of the softmax with the WGMMAs), ``pingpong`` with
+``overlap=True, pingpong=True`` (the two consumer warpgroups also take turns issuing their
+WGMMAs); both compiled for sm_90a, neither run on a GPU yet. This is for development, so that
+``pytest -m gpu --kernel own-sm90`` can put a variant through the whole suite; it stays a
+switch, not the default, until a GPU run decides. Benchmarks choose a variant directly with the
+``overlap`` / ``pingpong`` arguments of :func:`launch` and :func:`launch_full`.
 
 Kernels are compiled once per variant and cached for the process; B, H, Sq, Sk and all strides
 are dynamic, so guard-banded views go straight to the kernel. torch and cutlass are imported
@@ -42,17 +43,23 @@ TILE_N = 128
 # own-sm90-full adds lengths and window bounds to row indices in int32 (kernel/common/mask.py):
 # every sum stays below 2 Sq + Sk, inside int32 with both lengths at most 2^29.
 FULL_MAX_SEQLEN = 1 << 29
-# Set to 1: the registered adapters run the kernel with overlap=True (development switch).
+# The registered adapters' kernel variant (development switch): value -> launch knobs.
 OVERLAP_ENV = "ATTENTION_CROSSVAL_SM90_OVERLAP"
+ENV_VARIANTS: dict[str, dict[str, bool]] = {
+    "": {},
+    "0": {},
+    "1": {"overlap": True},
+    "pingpong": {"overlap": True, "pingpong": True},
+}
 
 
-def overlap_from_env() -> bool:
-    """Whether :data:`OVERLAP_ENV` asks for the overlap kernel: ``1`` yes; unset, empty or
-    ``0`` no; anything else is an error (a typo must not silently test the default)."""
+def knobs_from_env() -> dict[str, bool]:
+    """The knobs :data:`OVERLAP_ENV` asks for (:data:`ENV_VARIANTS`; unset is the default
+    kernel); any other value is an error (a typo must not silently test the default)."""
     value = os.environ.get(OVERLAP_ENV, "")
-    if value not in ("", "0", "1"):
-        raise ValueError(f"{OVERLAP_ENV}={value!r}: use 1 (overlap kernel) or 0 / unset")
-    return value == "1"
+    if value not in ENV_VARIANTS:
+        raise ValueError(f"{OVERLAP_ENV}={value!r}: use one of {sorted(ENV_VARIANTS)}")
+    return ENV_VARIANTS[value]
 
 
 def _spec() -> KernelSpec:
@@ -90,8 +97,7 @@ class OwnSm90Adapter(_torch.GuardedOutputsAdapter):
 
     def launch(self, case: AttentionCase, q: Any, k: Any, v: Any, out: Any, lse: Any) -> None:
         launch(
-            q, k, v, out, lse, case.softmax_scale, causal=case.mask.causal,
-            overlap=overlap_from_env(),
+            q, k, v, out, lse, case.softmax_scale, causal=case.mask.causal, **knobs_from_env(),
         )  # fmt: skip
 
 
@@ -110,7 +116,7 @@ class OwnSm90FullAdapter(_torch.GuardedOutputsAdapter):
         window = window_bounds(case.mask, case.Sq, case.Sk)
         launch_full(
             q, k, v, out, lse, case.softmax_scale, case.mask.causal, q_lengths, k_lengths, window,
-            overlap=overlap_from_env(),
+            **knobs_from_env(),
         )  # fmt: skip
 
 
@@ -124,12 +130,14 @@ def launch(
     *,
     causal: bool,
     overlap: bool = False,
+    pingpong: bool = False,
 ) -> None:
     """Run the kernel on torch CUDA tensors (see :func:`kernel.adapters._cute.launch`);
-    ``overlap`` picks the kernel's knob of that name (compiled and cached apart)."""
+    ``overlap`` and ``pingpong`` pick the kernel's knobs of those names (each variant compiled
+    and cached apart)."""
     _cute.launch(
-        "own-sm90", partial(_make_kernel, overlap=overlap), q, k, v, out, lse, softmax_scale,
-        causal=causal, variant=_variant(overlap),
+        "own-sm90", partial(_make_kernel, overlap=overlap, pingpong=pingpong), q, k, v, out, lse,
+        softmax_scale, causal=causal, variant=_variant(overlap, pingpong),
     )  # fmt: skip
 
 
@@ -146,28 +154,32 @@ def launch_full(
     window: tuple[int, int] | None,
     *,
     overlap: bool = False,
+    pingpong: bool = False,
 ) -> None:
     """``own-sm90-full``'s launch (never run): Hq a multiple of Hkv, int32 ``[B]`` CUDA lengths
     (the padded extents where a case has none), ``window`` from :func:`window_bounds`;
-    ``overlap`` as in :func:`launch`."""
+    ``overlap`` and ``pingpong`` as in :func:`launch`."""
     _cute.launch(
-        "own-sm90-full", partial(_make_kernel, overlap=overlap), q, k, v, out, lse, softmax_scale,
-        causal=causal, gqa=True, lengths=(q_lengths, k_lengths), window=window,
-        variant=_variant(overlap),
+        "own-sm90-full", partial(_make_kernel, overlap=overlap, pingpong=pingpong), q, k, v, out,
+        lse, softmax_scale, causal=causal, gqa=True, lengths=(q_lengths, k_lengths),
+        window=window, variant=_variant(overlap, pingpong),
     )  # fmt: skip
 
 
-def _variant(overlap: bool) -> tuple[str, ...]:
+def _variant(overlap: bool, pingpong: bool) -> tuple[str, ...]:
     """The compile-cache key part of the knobs (empty for the default kernel)."""
-    return ("overlap",) if overlap else ()
+    return tuple(name for name, on in (("overlap", overlap), ("pingpong", pingpong)) if on)
 
 
-def _make_kernel(dtype: str, head_dim: int, causal: bool, *, overlap: bool = False) -> Any:
+def _make_kernel(
+    dtype: str, head_dim: int, causal: bool, *, overlap: bool = False, pingpong: bool = False
+) -> Any:
     from attention_crossval.kernel.sm90.fwd import FlashAttentionForwardSm90
 
     return FlashAttentionForwardSm90(
-        dtype, head_dim, causal, num_consumer_wg=NUM_CONSUMER_WG, tile_n=TILE_N, overlap=overlap
-    )
+        dtype, head_dim, causal, num_consumer_wg=NUM_CONSUMER_WG, tile_n=TILE_N,
+        overlap=overlap, pingpong=pingpong,
+    )  # fmt: skip
 
 
 def create() -> OwnSm90Adapter:

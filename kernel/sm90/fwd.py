@@ -27,6 +27,15 @@ sits between the two waits. ptxas keeps the ``wait_group(1)`` but schedules the 
 halfway through the softmax (the rest of it runs after the PV), so the overlap is partial; only a
 GPU measurement (benchmarks/bench_own_sm90.py) says what it is worth.
 
+The knob ``pingpong=True`` (needs ``overlap=True`` and 2 consumer warpgroups; COMPILED, NEVER
+RUN either) adds FlashAttention 3's turn-taking: in each loop step a warpgroup waits on its named
+barrier (``SCHEDULER_BARRIER + wg``) before issuing its two GEMMs and, once they are issued,
+arrives on the other warpgroup's, so one warpgroup's GEMMs run while the other does its softmax.
+The first warpgroup's barrier gets one arrive before the loops (its first turn), so one arrive
+stays pending at exit, as in FlashAttention. Both warpgroups walk the same blocks (the block
+range is the CTA's), so their turns pair up; the varlen V-row zeroing, which syncs both
+warpgroups, runs before a warpgroup waits for its turn, never inside it.
+
 Layouts: q, k, v, o ``[B, S, H, D]`` with unit stride on D (any other strides, e.g. guard-banded
 views), lse ``[B, H, Sq]`` float32; B, H, Sq, Sk dynamic; D static (64 or 128); bottom-right
 causal or no mask. Query head ``h`` reads kv head ``h // (Hq // Hkv)`` (GQA/MQA; Hq a multiple
@@ -84,6 +93,8 @@ HEAD_DIMS = (64, 128)
 WG_THREADS = 128
 ROWS_PER_WG = 64  # the WGMMA M extent
 CONSUMER_BARRIER = 1  # named barrier of the consumer warpgroups (0 is __syncthreads)
+# pingpong: consumer warpgroup w waits on named barrier SCHEDULER_BARRIER + w for its turn.
+SCHEDULER_BARRIER = 2
 
 
 def acc_rows_cols(acc: cute.Tensor) -> cute.Tensor:
@@ -132,6 +143,7 @@ class FlashAttentionForwardSm90:
         tile_n: int = 128,
         kv_stages: int = 2,
         overlap: bool = False,
+        pingpong: bool = False,
     ) -> None:
         if dtype not in DTYPES:
             raise ValueError(f"dtype={dtype!r} must be one of {sorted(DTYPES)}")
@@ -143,6 +155,8 @@ class FlashAttentionForwardSm90:
             raise ValueError(f"tile_n={tile_n!r} must be 64 or 128")
         if kv_stages < 1:
             raise ValueError(f"kv_stages={kv_stages!r} must be >= 1")
+        if pingpong and not (overlap and num_consumer_wg == 2):
+            raise ValueError("pingpong needs overlap=True and num_consumer_wg=2")
         self.dtype = DTYPES[dtype]
         self.head_dim = head_dim
         self.causal = causal
@@ -151,6 +165,7 @@ class FlashAttentionForwardSm90:
         self.tile_n = tile_n
         self.kv_stages = kv_stages
         self.overlap = overlap
+        self.pingpong = pingpong
         self.num_threads = WG_THREADS * (1 + num_consumer_wg)
         # setmaxnreg: the producer gives registers to the consumers (65536 per SM, 1 CTA).
         self.regs_load = 24
@@ -573,11 +588,19 @@ class FlashAttentionForwardSm90:
         does. One ``S`` fragment and one ``P`` fragment live across the loop. An empty block
         range runs none of it (O = 0, row sums 0: the epilogue writes O = 0, LSE = -inf).
         Pipeline waits stay in this function's own regions, so the DSL carries their states
-        through the dynamic ``if`` and ``for``."""
+        through the dynamic ``if`` and ``for``. With ``pingpong`` each step waits for K and V
+        (and zeroes V padding) first, then takes its turn to issue both GEMMs (module
+        docstring)."""
         n_block_min, n_block_max, n_unmasked_min, n_unmasked_max = blocks
         acc_O_mn = acc_rows_cols(acc_O)
         rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
         tOrP = acc_as_operand_a(rP)
+        wg = cute.arch.make_warp_uniform(tidx // WG_THREADS)  # consumer warpgroup, 0 or 1
+        if cutlass.const_expr(self.pingpong):
+            if wg == 0:  # the first warpgroup has the first turn
+                cute.arch.barrier_arrive(
+                    barrier_id=SCHEDULER_BARRIER, number_of_threads=2 * WG_THREADS
+                )
         if n_block_max > n_block_min:
             k_handle = k_use.wait_and_advance()
             qk_mma = self.qk_gemm(qk_mma, acc_S, tSrQ, tSrK, k_handle.index)
@@ -603,10 +626,22 @@ class FlashAttentionForwardSm90:
             for i in cutlass.range(seg_hi - seg_lo, unroll=1):
                 n_block = seg_hi - 1 - i  # S of this block, PV of n_block + 1
                 k_handle = k_use.wait_and_advance()
-                qk_mma = self.qk_gemm(qk_mma, acc_S, tSrQ, tSrK, k_handle.index)
+                if cutlass.const_expr(not self.pingpong):
+                    qk_mma = self.qk_gemm(qk_mma, acc_S, tSrQ, tSrK, k_handle.index)
                 v_handle = v_use.wait_and_advance()
                 self.guard_v_padding(sV, v_handle.index, n_block + 1, seqlen_k, extent_k, tidx)
+                if cutlass.const_expr(self.pingpong):
+                    # This warpgroup's turn to issue (the other one is in its softmax); the
+                    # zeroed V rows' barrier above stays outside the turn (both groups meet it).
+                    cute.arch.barrier(
+                        barrier_id=SCHEDULER_BARRIER + wg, number_of_threads=2 * WG_THREADS
+                    )
+                    qk_mma = self.qk_gemm(qk_mma, acc_S, tSrQ, tSrK, k_handle.index)
                 pv_mma = self.pv_gemm(pv_mma, acc_O, tOrP, tOrV, v_handle.index)
+                if cutlass.const_expr(self.pingpong):  # the other warpgroup's turn
+                    cute.arch.barrier_arrive(
+                        barrier_id=SCHEDULER_BARRIER + 1 - wg, number_of_threads=2 * WG_THREADS
+                    )
                 warpgroup.wait_group(1)
                 k_handle.release()
                 self.mask_and_softmax(
