@@ -4,7 +4,9 @@ CPU (``cutlass`` from nvidia-cutlass-dsl, no GPU): the SM90 kernel compiles for 
 configuration the adapters ``own-sm90`` and ``own-sm90-full`` declare, and the PTX holds the
 instructions that prove the hardware path (WGMMA, TMA, ex2.approx, setmaxnreg honoured through
 ``.minnctapersm 1``; for the varlen path of ``own-sm90-full`` also the proxy fence and the named
-barrier that guard the zeroed V rows); ptxas reports no spills. The kernel's walk over the KV
+barrier that guard the zeroed V rows); ptxas reports no spills. The same for the kernel's
+``overlap=True`` variant (never run on a GPU yet), whose PTX must also show the overlap (a
+``wgmma.wait_group 1`` per loop, which the default kernel never has). The kernel's walk over the KV
 blocks (which blocks a query tile visits, which it masks, which V rows it zeroes) is replayed in
 NumPy from the same helpers the kernel calls, and checked against the one visibility predicate
 (reference/masks.py), with GQA-free lengths, causal and windows drawn by Hypothesis.
@@ -61,15 +63,25 @@ PTX_MUST_HAVE = (
 # The zeroed V rows of a partial block: generic-proxy stores made visible to the WGMMA (async
 # proxy), then the consumer warpgroups' named barrier.
 PTX_VARLEN_MUST_HAVE = ("fence.proxy.async.shared::cta", "bar.sync 1, 256")
+# The overlap knob's signature: wait until one WGMMA group (the PV) is left in flight, while the
+# softmax works on the S the other group produced. The default kernel always waits for all.
+OVERLAP_WAIT = "wgmma.wait_group.sync.aligned 1;"
+# The overlap kernel, in each configuration own-sm90 declares, plain and through the varlen +
+# window path of own-sm90-full (3 loops over the blocks), and varlen alone once (2 loops).
+OVERLAP_CONFIGS = [(*config, path) for config in CONFIGS for path in ("plain", "varlen+window")]
+OVERLAP_CONFIGS.append(("bfloat16", 128, True, "varlen"))
 
 
-def _sm90(dtype: str, head_dim: int, causal: bool):
+def _sm90(
+    dtype: str, head_dim: int, causal: bool, *, overlap: bool = False, pingpong: bool = False
+):
     from attention_crossval.kernel.adapters.own_sm90 import NUM_CONSUMER_WG, TILE_N
     from attention_crossval.kernel.sm90.fwd import FlashAttentionForwardSm90
 
     return FlashAttentionForwardSm90(
-        dtype, head_dim, causal, num_consumer_wg=NUM_CONSUMER_WG, tile_n=TILE_N
-    )
+        dtype, head_dim, causal, num_consumer_wg=NUM_CONSUMER_WG, tile_n=TILE_N,
+        overlap=overlap, pingpong=pingpong,
+    )  # fmt: skip
 
 
 def _ptx(compiled: object) -> str:
@@ -100,6 +112,7 @@ def test_sm90_compiles_to_wgmma_tma_ex2(
     ptx = _ptx(kernel.compile(options=f"--keep-ptx --dump-dir={tmp_path}"))
     assert_sm90_ptx(ptx, dtype, head_dim)
     assert "fence.proxy.async.shared::cta" not in ptx  # no varlen path in own-sm90
+    assert OVERLAP_WAIT not in ptx  # the default kernel waits for every WGMMA group
 
 
 @pytest.mark.cpu
@@ -123,6 +136,83 @@ def test_sm90_full_compiles_without_spills(
     missing = [spelling for spelling in PTX_VARLEN_MUST_HAVE if spelling not in ptx]
     assert not missing, f"PTX lacks {missing}"
     assert_no_spills("".join(capfd.readouterr()))
+
+
+@pytest.mark.cpu
+@needs_cutlass
+@pytest.mark.parametrize(("dtype", "head_dim", "causal", "path"), OVERLAP_CONFIGS)
+def test_sm90_overlap_compiles_without_spills(
+    dtype: str,
+    head_dim: int,
+    causal: bool,
+    path: str,
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """The ``overlap=True`` kernel (compiled, never run on a GPU yet) builds for sm_90a with the
+    hardware path and no register spills (two S-sized fragments live at once: S of the next
+    block and P of the current one), and its PTX shows the overlap: per masked / unmasked loop
+    over the blocks one ``wgmma.wait_group 1`` (S ready, PV still in flight) between the commit
+    of both GEMMs and the final ``wait_group 0``; the WGMMA group count (two per loop iteration,
+    plus the first block's S and the last block's PV) says both GEMMs are issued in the loop."""
+    varlen, window = "varlen" in path, "window" in path
+    kernel = _sm90(dtype, head_dim, causal, overlap=True)
+    options = f"--keep-ptx --dump-dir={tmp_path} remarks{{ptx}}"
+    ptx = _ptx(kernel.compile(options=options, varlen=varlen, window=window))
+    assert_sm90_ptx(ptx, dtype, head_dim)
+    loops = 3 if window else 2  # masked top, unmasked middle, masked bottom (window only)
+    assert ptx.count(OVERLAP_WAIT) == loops
+    assert ptx.count("wgmma.commit_group.sync.aligned;") == 2 * loops + 2
+    assert ptx.count("wgmma.wait_group.sync.aligned 0;") == loops + 2
+    if varlen:
+        missing = [spelling for spelling in PTX_VARLEN_MUST_HAVE if spelling not in ptx]
+        assert not missing, f"PTX lacks {missing}"
+    assert_no_spills("".join(capfd.readouterr()))
+
+
+@pytest.mark.cpu
+@needs_cutlass
+@pytest.mark.parametrize(
+    ("dtype", "head_dim", "causal", "path"),
+    [
+        ("bfloat16", 128, False, "plain"),
+        ("bfloat16", 128, True, "plain"),
+        ("float16", 64, True, "varlen+window"),
+        ("bfloat16", 128, False, "varlen"),
+    ],
+)
+def test_sm90_pingpong_compiles_without_spills(
+    dtype: str,
+    head_dim: int,
+    causal: bool,
+    path: str,
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """``overlap=True, pingpong=True`` (compiled, never run on a GPU yet) builds without spills
+    and with the turn-taking of the two consumer warpgroups in the PTX: the first warpgroup's
+    one ``bar.arrive`` on its own barrier (2) before the loops, then per loop one ``bar.sync``
+    on the warpgroup's barrier before its GEMMs and one ``bar.arrive`` on the other's after
+    them, on 256 threads; the overlap's waits as without ping-pong."""
+    varlen, window = "varlen" in path, "window" in path
+    kernel = _sm90(dtype, head_dim, causal, overlap=True, pingpong=True)
+    options = f"--keep-ptx --dump-dir={tmp_path} remarks{{ptx}}"
+    ptx = _ptx(kernel.compile(options=options, varlen=varlen, window=window))
+    assert_sm90_ptx(ptx, dtype, head_dim)
+    loops = 3 if window else 2
+    assert ptx.count(OVERLAP_WAIT) == loops
+    assert ptx.count("bar.arrive 2, 256;") == 1
+    assert len(re.findall(r"bar\.sync %r\d+, 256;", ptx)) == loops
+    assert len(re.findall(r"bar\.arrive %r\d+, 256;", ptx)) == loops
+    assert_no_spills("".join(capfd.readouterr()))
+
+
+@pytest.mark.cpu
+@needs_cutlass
+def test_sm90_pingpong_needs_overlap() -> None:
+    """Ping-pong exists only on top of the overlap loop, with two consumer warpgroups."""
+    with pytest.raises(ValueError, match="pingpong"):
+        _sm90("bfloat16", 128, False, pingpong=True)
 
 
 @pytest.mark.cpu
@@ -251,6 +341,7 @@ def test_kernel_block_walk_sees_exactly_the_visible_keys(
         key_range,
         kv_block_range,
         padded_key_rows,
+        split_by_mask,
     )
 
     tile_m, tile_n = tiles
@@ -276,6 +367,18 @@ def test_kernel_block_walk_sees_exactly_the_visible_keys(
         rows = np.arange(m_block * tile_m, min((m_block + 1) * tile_m, q_len))
         keys_seen = np.flatnonzero(seen[rows].any(axis=0))
         assert list(range(n_min, n_max)) == sorted(set(keys_seen // tile_n)), m_block
+        # The overlap kernel's walk: the first block, then three loops (masked, unmasked,
+        # masked) over the rest, together the same blocks in the same (descending) order, and
+        # no block that needs the mask in the unmasked loop.
+        windowed = window[0] is not None
+        hi = max(n_max - 1, n_min)
+        mid_lo, top_lo = split_by_mask(n_min, hi, unmasked_min, unmasked_max, windowed)
+        first = [n_max - 1] if n_max > n_min else []
+        walk = first + [*range(hi - 1, top_lo - 1, -1), *range(top_lo - 1, n_min - 1, -1)]
+        assert walk == list(range(n_max - 1, n_min - 1, -1)), m_block
+        assert n_min <= mid_lo <= top_lo <= hi and (windowed or mid_lo == n_min)
+        unmasked = range(mid_lo, top_lo)
+        assert not any(block_needs_mask(n, unmasked_min, unmasked_max, windowed) for n in unmasked)
         ranges = [key_range(r, q_len, k_len, causal, *window) for r in rows]
         for n_block in range(n_min, n_max):
             cols = np.arange(n_block * tile_n, min((n_block + 1) * tile_n, Sk))
@@ -303,6 +406,25 @@ def test_own_sm90_declarations() -> None:
     assert full.gqa and full.mask_kinds == {"causal", "window", "varlen"}
     assert (full.padded_rows, full.max_seqlen) == ("unwritten", FULL_MAX_SEQLEN)
     assert BUILTIN["own-sm90-full"][1] == BUILTIN["own-sm90"][1] and "own-sm90-full" in NEVER_RUN
+
+
+@pytest.mark.cpu
+def test_own_sm90_overlap_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The development switch: ``ATTENTION_CROSSVAL_SM90_OVERLAP=1`` makes the registered
+    adapters run the overlap kernel, ``=pingpong`` the overlap + ping-pong one; unset, empty or
+    0 keeps the default, anything else fails loudly (a typo must not pass off the default
+    kernel's results as a variant's)."""
+    from attention_crossval.kernel.adapters.own_sm90 import OVERLAP_ENV, knobs_from_env
+
+    monkeypatch.delenv(OVERLAP_ENV, raising=False)
+    assert knobs_from_env() == {}
+    pingpong = {"overlap": True, "pingpong": True}
+    for value, expected in (("", {}), ("0", {}), ("1", {"overlap": True}), ("pingpong", pingpong)):
+        monkeypatch.setenv(OVERLAP_ENV, value)
+        assert knobs_from_env() == expected
+    monkeypatch.setenv(OVERLAP_ENV, "yes")
+    with pytest.raises(ValueError, match=OVERLAP_ENV):
+        knobs_from_env()
 
 
 def _case(

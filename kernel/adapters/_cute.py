@@ -11,14 +11,14 @@ inside calls.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 from attention_crossval.kernel.spec import KernelSpec
 from attention_crossval.reference.case import CausalAlignment
 
-# (kernel name, dtype, D, causal, varlen, window) -> compiled kernel, for this process
-_COMPILED: dict[tuple[str, str, int, bool, bool, bool], Any] = {}
+# (kernel name, dtype, D, causal, varlen, window, variant) -> compiled kernel, for this process
+_COMPILED: dict[tuple[str, str, int, bool, bool, bool, Hashable], Any] = {}
 
 
 def own_kernel_spec(name: str, *, tile_m: int, tile_n: int) -> KernelSpec:
@@ -52,6 +52,7 @@ def launch(
     gqa: bool = False,
     lengths: tuple[Any, Any] | None = None,
     window: tuple[int, int] | None = None,
+    variant: Hashable = None,
 ) -> None:
     """Run kernel ``name`` on torch CUDA tensors ``q [B, Sq, Hq, D]``, ``k, v [B, Sk, Hkv, D]``,
     ``out`` like q and ``lse [B, Hq, Sq]`` (fp32) on the current stream.
@@ -61,7 +62,9 @@ def launch(
     For a kernel that takes them (kernel/sm90/fwd.py): ``gqa`` allows Hq a multiple of Hkv;
     ``lengths`` are int32 ``[B]`` CUDA tensors of the valid q and k lengths (padded layout);
     ``window`` is ``(left, right)``, clamped as :func:`kernel.adapters.own_sm90.window_bounds`
-    does. Lengths and window go to the kernel as trailing arguments (None when absent)."""
+    does. Lengths and window go to the kernel as trailing arguments (None when absent).
+    ``variant`` names the compile-time knobs ``make_kernel`` builds in (e.g. the SM90 kernel's
+    ``overlap``); it is part of the compile cache key, so variants of one kernel coexist."""
     import cuda.bindings.driver as cuda
     import cutlass
     import cutlass.cute as cute
@@ -80,7 +83,10 @@ def launch(
             f"{tuple(out.shape)}: k and v must match, q/k share B and D, out must match q"
         )
     dtype = str(q.dtype).removeprefix("torch.")
-    key = (name, dtype, int(q.shape[-1]), bool(causal), lengths is not None, window is not None)
+    key = (
+        name, dtype, int(q.shape[-1]), bool(causal), lengths is not None, window is not None,
+        variant,
+    )  # fmt: skip
     tensors = [
         from_dlpack(t, assumed_align=16).mark_layout_dynamic(leading_dim=t.ndim - 1)
         for t in (q, k, v, out)

@@ -13,6 +13,15 @@ dtype, row_sum from the fp32 p, O rounded once).
 through the kernel's varlen path (full lengths when the case has none), so a case compiles one
 of 16 variants: (dtype, D, causal, window).
 
+Both adapters run the kernel's default configuration unless the environment variable
+``ATTENTION_CROSSVAL_SM90_OVERLAP`` is set when they launch: ``1`` runs it with ``overlap=True``
+(kernel/sm90/fwd.py: intra-warpgroup overlap of the softmax with the WGMMAs), ``pingpong`` with
+``overlap=True, pingpong=True`` (the two consumer warpgroups also take turns issuing their
+WGMMAs); both compiled for sm_90a, neither run on a GPU yet. This is for development, so that
+``pytest -m gpu --kernel own-sm90`` can put a variant through the whole suite; it stays a
+switch, not the default, until a GPU run decides. Benchmarks choose a variant directly with the
+``overlap`` / ``pingpong`` arguments of :func:`launch` and :func:`launch_full`.
+
 Kernels are compiled once per variant and cached for the process; B, H, Sq, Sk and all strides
 are dynamic, so guard-banded views go straight to the kernel. torch and cutlass are imported
 only inside calls (CI without either can still import this module).
@@ -20,7 +29,9 @@ only inside calls (CI without either can still import this module).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 from attention_crossval.kernel.adapters import _cute, _torch
@@ -32,6 +43,23 @@ TILE_N = 128
 # own-sm90-full adds lengths and window bounds to row indices in int32 (kernel/common/mask.py):
 # every sum stays below 2 Sq + Sk, inside int32 with both lengths at most 2^29.
 FULL_MAX_SEQLEN = 1 << 29
+# The registered adapters' kernel variant (development switch): value -> launch knobs.
+OVERLAP_ENV = "ATTENTION_CROSSVAL_SM90_OVERLAP"
+ENV_VARIANTS: dict[str, dict[str, bool]] = {
+    "": {},
+    "0": {},
+    "1": {"overlap": True},
+    "pingpong": {"overlap": True, "pingpong": True},
+}
+
+
+def knobs_from_env() -> dict[str, bool]:
+    """The knobs :data:`OVERLAP_ENV` asks for (:data:`ENV_VARIANTS`; unset is the default
+    kernel); any other value is an error (a typo must not silently test the default)."""
+    value = os.environ.get(OVERLAP_ENV, "")
+    if value not in ENV_VARIANTS:
+        raise ValueError(f"{OVERLAP_ENV}={value!r}: use one of {sorted(ENV_VARIANTS)}")
+    return ENV_VARIANTS[value]
 
 
 def _spec() -> KernelSpec:
@@ -68,7 +96,9 @@ class OwnSm90Adapter(_torch.GuardedOutputsAdapter):
     spec: KernelSpec = field(default_factory=_spec)
 
     def launch(self, case: AttentionCase, q: Any, k: Any, v: Any, out: Any, lse: Any) -> None:
-        launch(q, k, v, out, lse, case.softmax_scale, causal=case.mask.causal)
+        launch(
+            q, k, v, out, lse, case.softmax_scale, causal=case.mask.causal, **knobs_from_env(),
+        )  # fmt: skip
 
 
 @dataclass
@@ -85,15 +115,30 @@ class OwnSm90FullAdapter(_torch.GuardedOutputsAdapter):
         )
         window = window_bounds(case.mask, case.Sq, case.Sk)
         launch_full(
-            q, k, v, out, lse, case.softmax_scale, case.mask.causal, q_lengths, k_lengths, window
-        )
+            q, k, v, out, lse, case.softmax_scale, case.mask.causal, q_lengths, k_lengths, window,
+            **knobs_from_env(),
+        )  # fmt: skip
 
 
 def launch(
-    q: Any, k: Any, v: Any, out: Any, lse: Any, softmax_scale: float, *, causal: bool
+    q: Any,
+    k: Any,
+    v: Any,
+    out: Any,
+    lse: Any,
+    softmax_scale: float,
+    *,
+    causal: bool,
+    overlap: bool = False,
+    pingpong: bool = False,
 ) -> None:
-    """Run the kernel on torch CUDA tensors (see :func:`kernel.adapters._cute.launch`)."""
-    _cute.launch("own-sm90", _make_kernel, q, k, v, out, lse, softmax_scale, causal=causal)
+    """Run the kernel on torch CUDA tensors (see :func:`kernel.adapters._cute.launch`);
+    ``overlap`` and ``pingpong`` pick the kernel's knobs of those names (each variant compiled
+    and cached apart)."""
+    _cute.launch(
+        "own-sm90", partial(_make_kernel, overlap=overlap, pingpong=pingpong), q, k, v, out, lse,
+        softmax_scale, causal=causal, variant=_variant(overlap, pingpong),
+    )  # fmt: skip
 
 
 def launch_full(
@@ -107,21 +152,34 @@ def launch_full(
     q_lengths: Any,
     k_lengths: Any,
     window: tuple[int, int] | None,
+    *,
+    overlap: bool = False,
+    pingpong: bool = False,
 ) -> None:
     """``own-sm90-full``'s launch (never run): Hq a multiple of Hkv, int32 ``[B]`` CUDA lengths
-    (the padded extents where a case has none), ``window`` from :func:`window_bounds`."""
+    (the padded extents where a case has none), ``window`` from :func:`window_bounds`;
+    ``overlap`` and ``pingpong`` as in :func:`launch`."""
     _cute.launch(
-        "own-sm90-full", _make_kernel, q, k, v, out, lse, softmax_scale,
-        causal=causal, gqa=True, lengths=(q_lengths, k_lengths), window=window,
+        "own-sm90-full", partial(_make_kernel, overlap=overlap, pingpong=pingpong), q, k, v, out,
+        lse, softmax_scale, causal=causal, gqa=True, lengths=(q_lengths, k_lengths),
+        window=window, variant=_variant(overlap, pingpong),
     )  # fmt: skip
 
 
-def _make_kernel(dtype: str, head_dim: int, causal: bool) -> Any:
+def _variant(overlap: bool, pingpong: bool) -> tuple[str, ...]:
+    """The compile-cache key part of the knobs (empty for the default kernel)."""
+    return tuple(name for name, on in (("overlap", overlap), ("pingpong", pingpong)) if on)
+
+
+def _make_kernel(
+    dtype: str, head_dim: int, causal: bool, *, overlap: bool = False, pingpong: bool = False
+) -> Any:
     from attention_crossval.kernel.sm90.fwd import FlashAttentionForwardSm90
 
     return FlashAttentionForwardSm90(
-        dtype, head_dim, causal, num_consumer_wg=NUM_CONSUMER_WG, tile_n=TILE_N
-    )
+        dtype, head_dim, causal, num_consumer_wg=NUM_CONSUMER_WG, tile_n=TILE_N,
+        overlap=overlap, pingpong=pingpong,
+    )  # fmt: skip
 
 
 def create() -> OwnSm90Adapter:

@@ -21,10 +21,11 @@ viewed as ``(rows, cols)`` like the scores), so the helpers do not depend on the
 layout and serve the SM90 (registers) and SM100 (TMEM loads) kernels alike.
 
 The block and key arithmetic (:func:`kv_block_range`, :func:`key_range`,
-:func:`block_needs_mask`, :func:`padded_key_rows`) is plain Python without branches on values:
-at trace time it takes the kernel's ``Int32`` values and emits their arithmetic, and the CPU
-tests run the same functions on Python ints (properties/test_own_kernels.py). Every division has
-a non-negative dividend: ``//`` on a DSL ``Int32`` truncates toward zero, unlike Python's floor.
+:func:`block_needs_mask`, :func:`split_by_mask`, :func:`padded_key_rows`) is plain Python
+without branches on values: at trace time it takes the kernel's ``Int32`` values and emits their
+arithmetic, and the CPU tests run the same functions on Python ints
+(properties/test_own_kernels.py). Every division has a non-negative dividend: ``//`` on a DSL
+``Int32`` truncates toward zero, unlike Python's floor.
 """
 
 from __future__ import annotations
@@ -91,6 +92,22 @@ def block_needs_mask(
     if windowed:
         needs = needs | (n_block < n_unmasked_min)
     return needs
+
+
+def split_by_mask(
+    lo: Int32, hi: Int32, n_unmasked_min: Int32, n_unmasked_max: Int32, windowed: bool
+) -> tuple[Int32, Int32]:
+    """``(mid_lo, top_lo)`` with ``lo <= mid_lo <= top_lo <= hi`` (given ``lo <= hi``): of the
+    KV blocks ``lo .. hi - 1``, those in ``[mid_lo, top_lo)`` need no mask
+    (:func:`block_needs_mask` is false for each), the others are masked: ``[top_lo, hi)``
+    (diagonal, ``seqlen_k`` residue, right window edge) and ``[lo, mid_lo)`` (left window
+    edge; empty without a window). A kernel that wants no branch on the mask inside its loop
+    runs three loops over these ranges, the mask a compile-time choice in each."""
+    top_lo = cutlass.max(lo, cutlass.min(n_unmasked_max, hi))
+    mid_lo = lo
+    if windowed:
+        mid_lo = cutlass.max(lo, cutlass.min(n_unmasked_min, top_lo))
+    return mid_lo, top_lo
 
 
 def padded_key_rows(

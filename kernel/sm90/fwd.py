@@ -11,11 +11,35 @@ Structure (one CTA per ``tile_m`` query rows of one (batch, head)):
 * ``epilogue``: ``O * (1 / row_sum)`` (0 for empty rows), stored straight from registers with a
   ``row < seqlen_q`` predicate, and the natural-log LSE (``-inf`` for empty rows).
 
-Kept simple rather than fast: no intra-warpgroup overlap of softmax and MMA, no TMA store, no
-persistent scheduler. Layouts: q, k, v, o ``[B, S, H, D]`` with unit stride on D (any other
-strides, e.g. guard-banded views), lse ``[B, H, Sq]`` float32; B, H, Sq, Sk dynamic; D static
-(64 or 128); bottom-right causal or no mask. Query head ``h`` reads kv head
-``h // (Hq // Hkv)`` (GQA/MQA; Hq a multiple of Hkv).
+By default kept simple rather than fast: each WGMMA is waited for (``wait_group(0)``) before the
+next step, so the softmax never overlaps tensor-core work; no TMA store, no persistent scheduler.
+This default is the configuration run and checked on the H200.
+
+The knob ``overlap=True`` (COMPILED FOR sm_90a, NEVER RUN ON A GPU YET; the adapters use it only
+under ``ATTENTION_CROSSVAL_SM90_OVERLAP=1``, see kernel/adapters/own_sm90.py) pipelines the loop
+inside each consumer warpgroup, as FlashAttention 3 does: after the first block's softmax, each
+step issues ``S = Q K^T`` of the next block and ``O += P V`` of the current one, waits for the
+first group only (``wait_group(1)``), masks and softmaxes the new S while the PV may still run,
+then waits for the PV, releases its V stage, rescales O by the new block's ``alpha`` and turns
+the new S into P; the last block's PV runs after the loop (:meth:`kv_loop_overlap`). Blocks that
+need the mask and those that do not run in separate loops (:func:`split_by_mask`), so no branch
+sits between the two waits. ptxas keeps the ``wait_group(1)`` but schedules the final wait about
+halfway through the softmax (the rest of it runs after the PV), so the overlap is partial; only a
+GPU measurement (benchmarks/bench_own_sm90.py) says what it is worth.
+
+The knob ``pingpong=True`` (needs ``overlap=True`` and 2 consumer warpgroups; COMPILED, NEVER
+RUN either) adds FlashAttention 3's turn-taking: in each loop step a warpgroup waits on its named
+barrier (``SCHEDULER_BARRIER + wg``) before issuing its two GEMMs and, once they are issued,
+arrives on the other warpgroup's, so one warpgroup's GEMMs run while the other does its softmax.
+The first warpgroup's barrier gets one arrive before the loops (its first turn), so one arrive
+stays pending at exit, as in FlashAttention. Both warpgroups walk the same blocks (the block
+range is the CTA's), so their turns pair up; the varlen V-row zeroing, which syncs both
+warpgroups, runs before a warpgroup waits for its turn, never inside it.
+
+Layouts: q, k, v, o ``[B, S, H, D]`` with unit stride on D (any other strides, e.g. guard-banded
+views), lse ``[B, H, Sq]`` float32; B, H, Sq, Sk dynamic; D static (64 or 128); bottom-right
+causal or no mask. Query head ``h`` reads kv head ``h // (Hq // Hkv)`` (GQA/MQA; Hq a multiple
+of Hkv).
 
 Optional trailing arguments, each a compile-time choice by being None or not (the adapter
 ``own-sm90`` passes none of them; ``own-sm90-full`` passes them, and that path has only been
@@ -60,6 +84,7 @@ from attention_crossval.kernel.common.mask import (
     block_needs_mask,
     kv_block_range,
     padded_key_rows,
+    split_by_mask,
 )
 from attention_crossval.kernel.common.softmax import OnlineSoftmax, rescale_rows
 
@@ -68,6 +93,8 @@ HEAD_DIMS = (64, 128)
 WG_THREADS = 128
 ROWS_PER_WG = 64  # the WGMMA M extent
 CONSUMER_BARRIER = 1  # named barrier of the consumer warpgroups (0 is __syncthreads)
+# pingpong: consumer warpgroup w waits on named barrier SCHEDULER_BARRIER + w for its turn.
+SCHEDULER_BARRIER = 2
 
 
 def acc_rows_cols(acc: cute.Tensor) -> cute.Tensor:
@@ -115,6 +142,8 @@ class FlashAttentionForwardSm90:
         num_consumer_wg: int = 2,
         tile_n: int = 128,
         kv_stages: int = 2,
+        overlap: bool = False,
+        pingpong: bool = False,
     ) -> None:
         if dtype not in DTYPES:
             raise ValueError(f"dtype={dtype!r} must be one of {sorted(DTYPES)}")
@@ -126,6 +155,8 @@ class FlashAttentionForwardSm90:
             raise ValueError(f"tile_n={tile_n!r} must be 64 or 128")
         if kv_stages < 1:
             raise ValueError(f"kv_stages={kv_stages!r} must be >= 1")
+        if pingpong and not (overlap and num_consumer_wg == 2):
+            raise ValueError("pingpong needs overlap=True and num_consumer_wg=2")
         self.dtype = DTYPES[dtype]
         self.head_dim = head_dim
         self.causal = causal
@@ -133,6 +164,8 @@ class FlashAttentionForwardSm90:
         self.tile_m = ROWS_PER_WG * num_consumer_wg
         self.tile_n = tile_n
         self.kv_stages = kv_stages
+        self.overlap = overlap
+        self.pingpong = pingpong
         self.num_threads = WG_THREADS * (1 + num_consumer_wg)
         # setmaxnreg: the producer gives registers to the consumers (65536 per SM, 1 CTA).
         self.regs_load = 24
@@ -457,63 +490,266 @@ class FlashAttentionForwardSm90:
         alpha = cute.make_rmem_tensor(cute.make_layout(num_rows), Float32)
 
         q_handle = q_use.wait_and_advance()
-        for i in cutlass.range(n_block_max - n_block_min, unroll=1):
-            n_block = n_block_max - 1 - i
-            acc_S = qk_thr.make_fragment_C(acc_S_shape)
-            k_handle = k_use.wait_and_advance()
-            warpgroup.fence()
-            for kb in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
-                qk_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
-                cute.gemm(
-                    qk_mma,
-                    acc_S,
-                    tSrQ[None, None, kb, q_handle.index],
-                    tSrK[None, None, kb, k_handle.index],
-                    acc_S,
+        if cutlass.const_expr(self.overlap):
+            self.kv_loop_overlap(
+                qk_mma,
+                pv_mma,
+                tSrQ[None, None, None, q_handle.index],
+                tSrK,
+                tOrV,
+                sV,
+                k_use,
+                v_use,
+                qk_thr.make_fragment_C(acc_S_shape),
+                acc_O,
+                cS_mn,
+                softmax,
+                alpha,
+                tidx,
+                m_block,
+                blocks,
+                seqlen_q,
+                seqlen_k,
+                extent_k,
+                window,
+            )
+        else:
+            for i in cutlass.range(n_block_max - n_block_min, unroll=1):
+                n_block = n_block_max - 1 - i
+                acc_S = qk_thr.make_fragment_C(acc_S_shape)
+                k_handle = k_use.wait_and_advance()
+                qk_mma = self.qk_gemm(
+                    qk_mma, acc_S, tSrQ[None, None, None, q_handle.index], tSrK, k_handle.index
                 )
-            warpgroup.commit_group()
-            warpgroup.wait_group(0)
-            k_handle.release()
+                warpgroup.wait_group(0)
+                k_handle.release()
 
-            acc_S_mn = acc_rows_cols(acc_S)
-            if block_needs_mask(n_block, n_unmasked_min, n_unmasked_max, window[0] is not None):
-                apply_mask(
-                    acc_S_mn,
+                self.mask_and_softmax(
+                    acc_S,
                     cS_mn,
-                    m_block * self.tile_m,
-                    n_block * self.tile_n,
+                    softmax,
+                    alpha,
+                    n_block,
+                    m_block,
+                    blocks,
                     seqlen_q,
                     seqlen_k,
-                    self.causal,
-                    *window,
+                    window,
                 )
-            softmax.update(acc_S_mn, alpha)
-            rescale_rows(acc_O_mn, alpha)
-            rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
-            rP.store(acc_S.load().to(self.dtype))
-            tOrP = acc_as_operand_a(rP)
+                rescale_rows(acc_O_mn, alpha)
+                rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
+                rP.store(acc_S.load().to(self.dtype))
 
-            v_handle = v_use.wait_and_advance()
-            if cutlass.const_expr(extent_k is not None):
-                # V rows past seqlen_k, inside the tensor: NaN padding must not meet P = 0.
-                pad_start, pad_end = padded_key_rows(n_block, seqlen_k, extent_k, self.tile_n)
-                if pad_start < pad_end:
-                    self.zero_rows(sV[None, None, v_handle.index], pad_start, pad_end, tidx)
-            warpgroup.fence()
-            for kb in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
-                pv_mma.set(warpgroup.Field.ACCUMULATE, True)
-                cute.gemm(
-                    pv_mma,
-                    acc_O,
-                    tOrP[None, None, kb],
-                    tOrV[None, None, kb, v_handle.index],
-                    acc_O,
+                v_handle = v_use.wait_and_advance()
+                self.guard_v_padding(sV, v_handle.index, n_block, seqlen_k, extent_k, tidx)
+                pv_mma = self.pv_gemm(pv_mma, acc_O, acc_as_operand_a(rP), tOrV, v_handle.index)
+                warpgroup.wait_group(0)
+                v_handle.release()
+
+        self.epilogue(softmax, acc_O, pv_thr, mO, mLSE, tidx, m_block, head, batch, seqlen_q)
+
+    @cute.jit
+    def kv_loop_overlap(
+        self,
+        qk_mma: cute.TiledMma,
+        pv_mma: cute.TiledMma,
+        tSrQ: cute.Tensor,
+        tSrK: cute.Tensor,
+        tOrV: cute.Tensor,
+        sV: cute.Tensor,
+        k_use: pipeline.PipelineConsumer,
+        v_use: pipeline.PipelineConsumer,
+        acc_S: cute.Tensor,
+        acc_O: cute.Tensor,
+        cS_mn: cute.Tensor,
+        softmax: OnlineSoftmax,
+        alpha: cute.Tensor,
+        tidx: Int32,
+        m_block: Int32,
+        blocks: tuple[Int32, Int32, Int32, Int32],
+        seqlen_q: Int32,
+        seqlen_k: Int32,
+        extent_k: Int32 | None,
+        window: tuple[Int32 | None, Int32 | None],
+    ) -> None:
+        """The KV loop with intra-warpgroup overlap (``overlap=True``): the softmax of block
+        ``j + 1`` runs while the tensor cores do ``O += P_j V_j``.
+
+        * prologue (first block ``n_block_max - 1``): ``S`` by WGMMA, wait, mask, softmax,
+          ``P`` to the input dtype (O is still 0: no rescale);
+        * each further block ``j + 1`` (``j`` the block before it in the walk): issue
+          ``S = Q K_{j+1}^T``, then ``O += P_j V_j``, ``wait_group(1)`` (S is ready, the PV may
+          still run), release ``K_{j+1}``, mask and softmax of ``S`` (giving ``alpha_{j+1}``),
+          ``wait_group(0)`` (the PV has read ``P_j`` and accumulated into O), release ``V_j``,
+          ``O *= alpha_{j+1}``, ``P_{j+1}`` from ``S``;
+        * epilogue: the last ``O += P V``.
+
+        So O is rescaled by ``alpha_{j+1}`` only after ``P_j V_j`` is in it, as the plain loop
+        does. One ``S`` fragment and one ``P`` fragment live across the loop. An empty block
+        range runs none of it (O = 0, row sums 0: the epilogue writes O = 0, LSE = -inf).
+        Pipeline waits stay in this function's own regions, so the DSL carries their states
+        through the dynamic ``if`` and ``for``. With ``pingpong`` each step waits for K and V
+        (and zeroes V padding) first, then takes its turn to issue both GEMMs (module
+        docstring)."""
+        n_block_min, n_block_max, n_unmasked_min, n_unmasked_max = blocks
+        acc_O_mn = acc_rows_cols(acc_O)
+        rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
+        tOrP = acc_as_operand_a(rP)
+        wg = cute.arch.make_warp_uniform(tidx // WG_THREADS)  # consumer warpgroup, 0 or 1
+        if cutlass.const_expr(self.pingpong):
+            if wg == 0:  # the first warpgroup has the first turn
+                cute.arch.barrier_arrive(
+                    barrier_id=SCHEDULER_BARRIER, number_of_threads=2 * WG_THREADS
                 )
-            warpgroup.commit_group()
+        if n_block_max > n_block_min:
+            k_handle = k_use.wait_and_advance()
+            qk_mma = self.qk_gemm(qk_mma, acc_S, tSrQ, tSrK, k_handle.index)
+            warpgroup.wait_group(0)
+            k_handle.release()
+            self.mask_and_softmax(
+                acc_S, cS_mn, softmax, alpha, n_block_max - 1, m_block, blocks, seqlen_q,
+                seqlen_k, window,
+            )  # fmt: skip
+            rP.store(acc_S.load().to(self.dtype))
+        # The other blocks, hi - 1 down to n_block_min, in three loops so that no branch on the
+        # mask sits between wait_group(1) and wait_group(0) (ptxas schedules the wait to the
+        # head of the block after such a branch, before the softmax, losing the overlap).
+        hi = cutlass.max(n_block_max - 1, n_block_min)
+        mid_lo, top_lo = split_by_mask(
+            n_block_min, hi, n_unmasked_min, n_unmasked_max, window[0] is not None
+        )
+        segments = [(top_lo, hi, True), (mid_lo, top_lo, False)]
+        if cutlass.const_expr(window[0] is not None):
+            segments.append((n_block_min, mid_lo, True))
+        for s in cutlass.range_constexpr(len(segments)):
+            seg_lo, seg_hi, masked = segments[s]
+            for i in cutlass.range(seg_hi - seg_lo, unroll=1):
+                n_block = seg_hi - 1 - i  # S of this block, PV of n_block + 1
+                k_handle = k_use.wait_and_advance()
+                if cutlass.const_expr(not self.pingpong):
+                    qk_mma = self.qk_gemm(qk_mma, acc_S, tSrQ, tSrK, k_handle.index)
+                v_handle = v_use.wait_and_advance()
+                self.guard_v_padding(sV, v_handle.index, n_block + 1, seqlen_k, extent_k, tidx)
+                if cutlass.const_expr(self.pingpong):
+                    # This warpgroup's turn to issue (the other one is in its softmax); the
+                    # zeroed V rows' barrier above stays outside the turn (both groups meet it).
+                    cute.arch.barrier(
+                        barrier_id=SCHEDULER_BARRIER + wg, number_of_threads=2 * WG_THREADS
+                    )
+                    qk_mma = self.qk_gemm(qk_mma, acc_S, tSrQ, tSrK, k_handle.index)
+                pv_mma = self.pv_gemm(pv_mma, acc_O, tOrP, tOrV, v_handle.index)
+                if cutlass.const_expr(self.pingpong):  # the other warpgroup's turn
+                    cute.arch.barrier_arrive(
+                        barrier_id=SCHEDULER_BARRIER + 1 - wg, number_of_threads=2 * WG_THREADS
+                    )
+                warpgroup.wait_group(1)
+                k_handle.release()
+                self.mask_and_softmax(
+                    acc_S, cS_mn, softmax, alpha, n_block, m_block, blocks, seqlen_q, seqlen_k,
+                    window, masked,
+                )  # fmt: skip
+                warpgroup.wait_group(0)
+                v_handle.release()
+                rescale_rows(acc_O_mn, alpha)
+                rP.store(acc_S.load().to(self.dtype))
+        if n_block_max > n_block_min:
+            v_handle = v_use.wait_and_advance()
+            self.guard_v_padding(sV, v_handle.index, n_block_min, seqlen_k, extent_k, tidx)
+            pv_mma = self.pv_gemm(pv_mma, acc_O, tOrP, tOrV, v_handle.index)
             warpgroup.wait_group(0)
             v_handle.release()
 
-        self.epilogue(softmax, acc_O, pv_thr, mO, mLSE, tidx, m_block, head, batch, seqlen_q)
+    @cute.jit
+    def qk_gemm(
+        self,
+        qk_mma: cute.TiledMma,
+        acc_S: cute.Tensor,
+        tSrQ: cute.Tensor,
+        tSrK: cute.Tensor,
+        k_stage: Int32,
+    ) -> cute.TiledMma:
+        """Issue ``S = Q K^T`` (both operands in shared memory, K from stage ``k_stage``) and
+        commit it as one WGMMA group; the caller waits. Returns ``qk_mma`` (its accumulate
+        field was set here), for the caller to rebind: the DSL then carries it through dynamic
+        control flow."""
+        warpgroup.fence()
+        for kb in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
+            qk_mma.set(warpgroup.Field.ACCUMULATE, kb != 0)
+            cute.gemm(qk_mma, acc_S, tSrQ[None, None, kb], tSrK[None, None, kb, k_stage], acc_S)
+        warpgroup.commit_group()
+        return qk_mma
+
+    @cute.jit
+    def pv_gemm(
+        self,
+        pv_mma: cute.TiledMma,
+        acc_O: cute.Tensor,
+        tOrP: cute.Tensor,
+        tOrV: cute.Tensor,
+        v_stage: Int32,
+    ) -> cute.TiledMma:
+        """Issue ``O += P V`` (P from registers, V from stage ``v_stage``) and commit it as one
+        WGMMA group; the caller waits. Returns ``pv_mma``, as :meth:`qk_gemm` does."""
+        warpgroup.fence()
+        for kb in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
+            pv_mma.set(warpgroup.Field.ACCUMULATE, True)
+            cute.gemm(pv_mma, acc_O, tOrP[None, None, kb], tOrV[None, None, kb, v_stage], acc_O)
+        warpgroup.commit_group()
+        return pv_mma
+
+    @cute.jit
+    def mask_and_softmax(
+        self,
+        acc_S: cute.Tensor,
+        cS_mn: cute.Tensor,
+        softmax: OnlineSoftmax,
+        alpha: cute.Tensor,
+        n_block: Int32,
+        m_block: Int32,
+        blocks: tuple[Int32, Int32, Int32, Int32],
+        seqlen_q: Int32,
+        seqlen_k: Int32,
+        window: tuple[Int32 | None, Int32 | None],
+        masked: cutlass.Constexpr[bool | None] = None,
+    ) -> None:
+        """The mask on block ``n_block`` when it needs one, then the online softmax: ``S``
+        becomes ``P`` (fp32) in place and ``alpha`` the rows' O rescale factors. ``masked``
+        None decides at run time (:func:`block_needs_mask`, a branch); True or False is the
+        caller's compile-time choice (:func:`split_by_mask`)."""
+        acc_S_mn = acc_rows_cols(acc_S)
+        needs_mask = masked
+        if cutlass.const_expr(masked is None):
+            needs_mask = block_needs_mask(n_block, blocks[2], blocks[3], window[0] is not None)
+        if needs_mask:
+            apply_mask(
+                acc_S_mn,
+                cS_mn,
+                m_block * self.tile_m,
+                n_block * self.tile_n,
+                seqlen_q,
+                seqlen_k,
+                self.causal,
+                *window,
+            )
+        softmax.update(acc_S_mn, alpha)
+
+    @cute.jit
+    def guard_v_padding(
+        self,
+        sV: cute.Tensor,
+        v_stage: Int32,
+        n_block: Int32,
+        seqlen_k: Int32,
+        extent_k: Int32 | None,
+        tidx: Int32,
+    ) -> None:
+        """Varlen only (``extent_k`` given): zero the V rows of block ``n_block`` (in stage
+        ``v_stage``) past ``seqlen_k`` and inside the tensor, before a PV WGMMA reads them:
+        NaN padding must not meet ``P = 0``."""
+        if cutlass.const_expr(extent_k is not None):
+            pad_start, pad_end = padded_key_rows(n_block, seqlen_k, extent_k, self.tile_n)
+            if pad_start < pad_end:
+                self.zero_rows(sV[None, None, v_stage], pad_start, pad_end, tidx)
 
     @cute.jit
     def zero_rows(self, sV: cute.Tensor, start: Int32, end: Int32, tidx: Int32) -> None:

@@ -1,0 +1,174 @@
+"""TFLOP/s of the own SM90 forward kernel's variants against flash_attn.cute and cuDNN.
+
+Run (on an H100/H200 with flash-attn-cute, from the repository root):
+``python benchmarks/bench_own_sm90.py`` (``--variants default,overlap,pingpong``, ``--rows 0,3``,
+``--warmup MS --rep MS`` for ``triton.testing.do_bench``). For each row of :data:`ROWS` (bf16,
+Hq = Hkv, Sq = Sk) it times, by ``do_bench``'s median, each own variant
+(kernel/adapters/own_sm90.py ``launch`` with that variant's knobs), flash_attn.cute's SM90
+forward and cuDNN through torch SDPA, and prints the machine, then a markdown table: TFLOP/s
+(``4 B H S^2 D``, halved when causal) per kernel, the best own variant over flash_attn.cute, and
+per own variant ``max|own - FA|`` over the outputs and the NaN count of its output (a fast wrong
+kernel is no result). A kernel that fails prints NaN in its cells and its traceback to stderr;
+the others go on. Compiles happen on first use (cached per dtype, D and causal), outside the
+timing. torch, triton and flash_attn are imported only inside functions, so ``--help`` works
+on a machine without them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.machine import cpu_model  # noqa: E402
+
+# (B, H, S, D, causal)
+ROWS: tuple[tuple[int, int, int, int, bool], ...] = (
+    (4, 16, 4096, 128, False),
+    (4, 16, 4096, 128, True),
+    (2, 16, 16384, 128, False),
+    (2, 16, 16384, 128, True),
+    (2, 16, 16384, 64, False),
+    (2, 16, 16384, 64, True),
+    (16, 16, 1024, 128, False),
+    (16, 16, 1024, 128, True),
+)
+# Own variant -> the knobs of kernel/adapters/own_sm90.py launch().
+VARIANTS: dict[str, dict[str, bool]] = {
+    "default": {},
+    "overlap": {"overlap": True},
+    "pingpong": {"overlap": True, "pingpong": True},
+}
+NAN = float("nan")
+
+
+def timed(flops: float, fn: Callable[[], object], warmup: int, rep: int) -> float:
+    """TFLOP/s of ``fn`` (one call first: compile and errors outside the timing), NaN with the
+    traceback on stderr when it fails."""
+    from triton.testing import do_bench
+
+    try:
+        fn()
+        return flops / do_bench(fn, warmup=warmup, rep=rep) / 1e9
+    except Exception:  # noqa: BLE001 - a failing kernel gives NaN in the table
+        print(f"--- {getattr(fn, '__name__', fn)} failed:", file=sys.stderr)
+        traceback.print_exc()
+        return NAN
+
+
+def row(
+    B: int, H: int, S: int, D: int, causal: bool, variants: list[str], warmup: int, rep: int
+) -> dict[str, Any]:
+    """One table row: speeds per kernel, and per own variant its distance to FA and NaNs."""
+    import torch
+
+    from attention_crossval.kernel.adapters.own_sm90 import launch
+
+    gen = torch.Generator(device="cuda").manual_seed(B * S + D)
+    q, k, v = (
+        torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16, generator=gen)
+        for _ in range(3)
+    )
+    scale = D**-0.5
+    flops = 4 * B * H * S * S * D / (2 if causal else 1)
+    outs = {name: torch.full_like(q, float("nan")) for name in [*variants, "fa"]}
+    lses = {name: torch.zeros(B, H, S, device="cuda") for name in outs}
+    calls: dict[str, Callable[[], object]] = {}
+    for name in variants:
+
+        def own(name: str = name) -> None:
+            launch(q, k, v, outs[name], lses[name], scale, causal=causal, **VARIANTS[name])
+
+        own.__name__ = f"own-sm90 {name} {B}x{H}x{S} D={D} causal={causal}"
+        calls[name] = own
+
+    def fa() -> None:
+        from flash_attn.cute.interface import _flash_attn_fwd
+
+        _flash_attn_fwd(
+            q, k, v, softmax_scale=scale, causal=causal, return_lse=True, out=outs["fa"],
+            lse=lses["fa"],
+        )  # fmt: skip
+
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, S, D] views
+
+    def cudnn() -> None:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            torch.nn.functional.scaled_dot_product_attention(
+                qt, kt, vt, is_causal=causal, scale=scale
+            )
+
+    calls["fa"], calls["cudnn"] = fa, cudnn
+    fa.__name__ = f"flash_attn.cute {B}x{H}x{S} D={D} causal={causal}"
+    cudnn.__name__ = f"cuDNN SDPA {B}x{H}x{S} D={D} causal={causal}"
+    result: dict[str, Any] = {name: timed(flops, call, warmup, rep) for name, call in calls.items()}
+    for name in variants:
+        out = outs[name].float()
+        result[f"nan {name}"] = int(out.isnan().sum().item())
+        result[f"diff {name}"] = (out - outs["fa"].float()).abs().max().item()
+    return result
+
+
+def table(results: list[tuple[tuple[int, int, int, int, bool], dict]], variants: list[str]) -> str:
+    """The markdown table of :func:`row` results."""
+    head = ["shape (B, H, S, D)", "causal", *(f"own {v}" for v in variants), "FA cute", "cuDNN"]
+    head += ["best own / FA", *(f"max\\|{v}-FA\\|" for v in variants)]
+    head += [f"NaN {v}" for v in variants]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for (B, H, S, D, causal), r in results:
+        best = max((r[v] for v in variants if r[v] == r[v]), default=NAN)
+        cells = [f"{B}x{H}x{S}x{D}", "yes" if causal else "no"]
+        cells += [f"{r[name]:.0f}" for name in [*variants, "fa", "cudnn"]]
+        cells.append(f"{best / r['fa']:.2f}")
+        cells += [f"{r[f'diff {v}']:.3g}" for v in variants]
+        cells += [str(r[f"nan {v}"]) for v in variants]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--variants", default=",".join(VARIANTS), help=f"own variants, of {sorted(VARIANTS)}"
+    )
+    parser.add_argument(
+        "--rows", default=None, help=f"comma-separated indices into the {len(ROWS)} rows"
+    )
+    parser.add_argument("--warmup", type=int, default=25, help="do_bench warmup, ms")
+    parser.add_argument("--rep", type=int, default=100, help="do_bench repetition, ms")
+    args = parser.parse_args(argv)
+    variants = [v for v in args.variants.split(",") if v]
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown:
+        parser.error(f"unknown variants {unknown}; known: {sorted(VARIANTS)}")
+    rows = ROWS if args.rows is None else [ROWS[int(i)] for i in args.rows.split(",")]
+
+    import torch
+
+    start = time.perf_counter()
+    print(
+        f"GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; CPU: {cpu_model()}",
+        flush=True,
+    )
+    results = []
+    for shape in rows:
+        try:
+            results.append((shape, row(*shape, variants, args.warmup, args.rep)))
+        except Exception:  # noqa: BLE001 - e.g. out of memory: the next row
+            print(f"--- row {shape} failed:", file=sys.stderr)
+            traceback.print_exc()
+        print(f"row {shape} done at {time.perf_counter() - start:.0f} s", flush=True)
+    print(table(results, variants))
+    print(f"total {time.perf_counter() - start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
