@@ -39,6 +39,7 @@ HUNTED = {
     "softcap_before_scale": ("softcap", "softcap_saturated"),
     "sink_left_out_of_lse": SINKS,
     "sink_weight_dropped": SINKS,
+    "sink_outside_running_max": ("sink_dominant",),  # only an overflowing sink shows it
 }
 
 

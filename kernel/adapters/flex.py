@@ -7,7 +7,9 @@ a ``score_mod`` on the scaled score, ``cap * tanh(score / cap)`` (FlexAttention 
 LSE comes back through ``return_aux=AuxRequest(lse=True)`` (the successor of the deprecated
 ``return_lse=True``) in natural log.
 
-Declared, not yet run on the H200:
+Declared, and checked on the H200 by the feature sweeps only (2026-12-01, torch 2.11: two
+cases each of softcap, hidden keys, varlen batches and long decode, all within the bound;
+docs/forward-surface.md, "On the H200"):
 
 * the precision chain is FlashAttention's (fp32 scores, exp2 with the scale folded, P rounded to
   the input dtype before P V, the row sum of the unrounded P) without FA4's rescale threshold;
@@ -15,6 +17,8 @@ Declared, not yet run on the H200:
   of 16 (``kv_blocks``), which divides each;
 * its tanh is whatever Inductor lowers ``torch.tanh`` to; declared at ``tanh_error_ulp=4096``
   (``tanh.approx.f32``'s) until measured;
+* its two known findings (measured there): a block the block mask marks partial is loaded
+  whole, so NaN in padding or behind an explicit mask reaches the rows;
 * no learnable sink (a sink would need an extra key column the adapter appends, which would test
   the adapter's arithmetic as much as the kernel's), no paged KV, no split-KV, no packed layout.
 

@@ -15,26 +15,27 @@ By default kept simple rather than fast: each WGMMA is waited for (``wait_group(
 next step, so the softmax never overlaps tensor-core work; no TMA store, no persistent scheduler.
 This default is the configuration run and checked on the H200.
 
-The knob ``overlap=True`` (COMPILED FOR sm_90a, NEVER RUN ON A GPU YET; the adapters use it only
-under ``ATTENTION_CROSSVAL_SM90_OVERLAP=1``, see kernel/adapters/own_sm90.py) pipelines the loop
-inside each consumer warpgroup, as FlashAttention 3 does: after the first block's softmax, each
-step issues ``S = Q K^T`` of the next block and ``O += P V`` of the current one, waits for the
-first group only (``wait_group(1)``), masks and softmaxes the new S while the PV may still run,
-then waits for the PV, releases its V stage, rescales O by the new block's ``alpha`` and turns
-the new S into P; the last block's PV runs after the loop (:meth:`kv_loop_overlap`). Blocks that
-need the mask and those that do not run in separate loops (:func:`split_by_mask`), so no branch
-sits between the two waits. ptxas keeps the ``wait_group(1)`` but schedules the final wait about
-halfway through the softmax (the rest of it runs after the PV), so the overlap is partial; only a
-GPU measurement (benchmarks/bench_own_sm90.py) says what it is worth.
+The knob ``overlap=True`` (run on the H200 only by benchmarks/bench_own_sm90.py, 2026-12-01: 8-11 %
+faster, the same output difference from flash_attn.cute as the default; not yet through the
+property tests, so the adapters use it only under ``ATTENTION_CROSSVAL_SM90_OVERLAP=1``, see
+kernel/adapters/own_sm90.py) pipelines the loop inside each consumer warpgroup, as FlashAttention 3
+does: after the first block's softmax, each step issues ``S = Q K^T`` of the next block and ``O +=
+P V`` of the current one, waits for the first group only (``wait_group(1)``), masks and softmaxes
+the new S while the PV may still run, then waits for the PV, releases its V stage, rescales O by
+the new block's ``alpha`` and turns the new S into P; the last block's PV runs after the loop
+(:meth:`kv_loop_overlap`). Blocks that need the mask and those that do not run in separate loops
+(:func:`split_by_mask`), so no branch sits between the two waits. ptxas keeps the ``wait_group(1)``
+but schedules the final wait about halfway through the softmax (the rest of it runs after the PV),
+so the overlap is partial.
 
-The knob ``pingpong=True`` (needs ``overlap=True`` and 2 consumer warpgroups; COMPILED, NEVER
-RUN either) adds FlashAttention 3's turn-taking: in each loop step a warpgroup waits on its named
-barrier (``SCHEDULER_BARRIER + wg``) before issuing its two GEMMs and, once they are issued,
-arrives on the other warpgroup's, so one warpgroup's GEMMs run while the other does its softmax.
-The first warpgroup's barrier gets one arrive before the loops (its first turn), so one arrive
-stays pending at exit, as in FlashAttention. Both warpgroups walk the same blocks (the block
-range is the CTA's), so their turns pair up; the varlen V-row zeroing, which syncs both
-warpgroups, runs before a warpgroup waits for its turn, never inside it.
+The knob ``pingpong=True`` (needs ``overlap=True`` and 2 consumer warpgroups; in the same benchmark
+no faster than ``overlap`` alone) adds FlashAttention 3's turn-taking: in each loop step a
+warpgroup waits on its named barrier (``SCHEDULER_BARRIER + wg``) before issuing its two GEMMs and,
+once they are issued, arrives on the other warpgroup's, so one warpgroup's GEMMs run while the
+other does its softmax. The first warpgroup's barrier gets one arrive before the loops (its first
+turn), so one arrive stays pending at exit, as in FlashAttention. Both warpgroups walk the same
+blocks (the block range is the CTA's), so their turns pair up; the varlen V-row zeroing, which
+syncs both warpgroups, runs before a warpgroup waits for its turn, never inside it.
 
 Layouts: q, k, v, o ``[B, S, H, D]`` with unit stride on D (any other strides, e.g. guard-banded
 views), lse ``[B, H, Sq]`` float32; B, H, Sq, Sk dynamic; D static (64 or 128); bottom-right
