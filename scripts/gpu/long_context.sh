@@ -1,13 +1,22 @@
 #!/bin/bash
 # Long-context checks on an NVIDIA H200 (torch 2.11, flash_attn.cute 4.0.0b36, triton,
-# 16 CPU cores, 128 GiB RAM): (i) the Triton kernel broken past 32k keys is caught at 64k and
-# the unbroken one passes; (ii) a K and V of 2^31 + 2^17 elements each (gpu-huge) through
-# flash-attn-cute and the Triton kernels; (iii) the existing long-context targets. Run from the
-# repository root after
+# 16 CPU cores, 128 GiB RAM). Steps, chosen by name on the command line (default: all of them,
+# about 20 minutes: more than one 10-minute device command, so split it, e.g.
+# `long_context.sh targets bench` and `long_context.sh huge`):
+#   env          versions, memory, /dev/shm (40 s)
+#   triton-late  the Triton kernel broken past 32k keys is caught at 64k, the correct one
+#                passes (90 s; 26 s on 2026-12-01)
+#   targets      the gpu-long targets: 64k prefill and the 128k decodes through flash-attn-cute
+#                (240 s; the prefill alone took 53 s with a cold compile on 2026-12-01)
+#   huge         a K and V of 2^31 + 2^17 elements each (gpu-huge): build (~45 s), then
+#                flash-attn-cute and Triton's correct and int32-offset kernels (420 s; it did
+#                not finish in 150 s on 2026-12-01)
+#   bench        benchmarks/bench_long_context.py, per-phase cost against S (300 s)
+# Run from the repository root after
 #   export PYTHONPATH=$PWD:$PYTHONPATH
 # with CuTe DSL and flash_attn.cute importable (installed, or from wheels: docs/gpu.md#devkit).
 # One pytest invocation per step, each under `timeout`, printing as it goes (-s), logs in $OUT
-# (default /tmp/long2-out); a summary table last. The timeouts add up to 400 s.
+# (default /tmp/long2-out); a summary table last.
 set -u
 OUT="${OUT:-/tmp/long2-out}"
 mkdir -p "$OUT"
@@ -25,22 +34,24 @@ step() {  # step NAME TIMEOUT_S command...
   NAMES+=("$name"); RCS+=("$rc"); SECS+=($((SECONDS - start)))
 }
 
-step env 40 bash -c "
+STEPS=("$@")
+[ ${#STEPS[@]} -eq 0 ] && STEPS=(env triton-late targets huge bench)
+for name in "${STEPS[@]}"; do
+  case $name in
+    env) step env 40 bash -c "
 python3 -c 'import torch, triton; print(\"torch\", torch.__version__, torch.cuda.get_device_name(), \"triton\", triton.__version__)'
 python3 -c 'import flash_attn.cute; print(\"flash_attn.cute ok\")'
 nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader
-free -g | head -2; df -h /dev/shm /tmp | tail -2; nproc"
-
-# (i) late_rescale (no O rescale from key 32768 on) fails bound at 64k keys, correct passes.
-step triton-late 90 "${PYTEST[@]}" properties/test_long_context_gpu.py -k triton_late_rescale
-
-# (ii) gpu-huge: build (~30 s expected), one mapped file shared by the workers, the references
-# on the sampled rows; flash-attn-cute and triton's correct kernel must pass, int32_offsets not.
-step huge 150 "${PYTEST[@]}" properties/test_long_context_gpu.py -k above_2_31
-
-# (iii) the gpu-long targets: 64k prefill and the 128k decodes through flash-attn-cute.
-step long-targets 120 "${PYTEST[@]}" properties/test_long_context_gpu.py \
-  -k flash_attn_cute_at_long_context
+free -g | head -2; df -h /dev/shm /tmp | tail -2; nproc" ;;
+    triton-late) step triton-late 90 "${PYTEST[@]}" properties/test_long_context_gpu.py \
+      -k triton_late_rescale ;;
+    targets) step targets 240 "${PYTEST[@]}" properties/test_long_context_gpu.py \
+      -k flash_attn_cute_at_long_context ;;
+    huge) step huge 420 "${PYTEST[@]}" properties/test_long_context_gpu.py -k above_2_31 ;;
+    bench) step bench 300 python3 benchmarks/bench_long_context.py ;;
+    *) echo "unknown step $name (env, triton-late, targets, huge, bench)"; exit 2 ;;
+  esac
+done
 
 echo
 echo "summary (logs in $OUT):"
