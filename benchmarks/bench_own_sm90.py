@@ -1,7 +1,8 @@
 """TFLOP/s of the own SM90 forward kernel's variants against flash_attn.cute and cuDNN.
 
 Run (on an H100/H200 with flash-attn-cute, from the repository root):
-``python benchmarks/bench_own_sm90.py`` (``--variants default,overlap,pingpong``, ``--rows 0,3``,
+``python benchmarks/bench_own_sm90.py`` (``--variants default,overlap,pingpong``: names from
+:data:`VARIANTS`, :data:`DEFAULT_VARIANTS` when omitted; ``--rows 0,3``,
 ``--warmup MS --rep MS`` for ``triton.testing.do_bench``). For each row of :data:`ROWS` (bf16,
 Hq = Hkv, Sq = Sk) it times, by ``do_bench``'s median, each own variant
 (kernel/adapters/own_sm90.py ``launch`` with that variant's knobs), flash_attn.cute's SM90
@@ -44,7 +45,11 @@ VARIANTS: dict[str, dict[str, bool]] = {
     "default": {},
     "overlap": {"overlap": True},
     "pingpong": {"overlap": True, "pingpong": True},
+    "overlap+lf": {"overlap": True, "longest_first": True},
 }
+# The variants run without --variants: a row compiles each once (a few seconds per variant,
+# dtype, D and causal), so keep the default run of all rows under about four minutes.
+DEFAULT_VARIANTS = ("default", "overlap", "overlap+lf")
 NAN = float("nan")
 
 
@@ -137,7 +142,9 @@ def table(results: list[tuple[tuple[int, int, int, int, bool], dict]], variants:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--variants", default=",".join(VARIANTS), help=f"own variants, of {sorted(VARIANTS)}"
+        "--variants",
+        default=",".join(DEFAULT_VARIANTS),
+        help=f"own variants, of {sorted(VARIANTS)} (default: %(default)s)",
     )
     parser.add_argument(
         "--rows", default=None, help=f"comma-separated indices into the {len(ROWS)} rows"

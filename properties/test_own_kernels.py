@@ -72,16 +72,14 @@ OVERLAP_CONFIGS = [(*config, path) for config in CONFIGS for path in ("plain", "
 OVERLAP_CONFIGS.append(("bfloat16", 128, True, "varlen"))
 
 
-def _sm90(
-    dtype: str, head_dim: int, causal: bool, *, overlap: bool = False, pingpong: bool = False
-):
+def _sm90(dtype: str, head_dim: int, causal: bool, **knobs: bool):
+    """The kernel as the adapters build it, with the compile-time ``knobs`` given."""
     from attention_crossval.kernel.adapters.own_sm90 import NUM_CONSUMER_WG, TILE_N
     from attention_crossval.kernel.sm90.fwd import FlashAttentionForwardSm90
 
     return FlashAttentionForwardSm90(
-        dtype, head_dim, causal, num_consumer_wg=NUM_CONSUMER_WG, tile_n=TILE_N,
-        overlap=overlap, pingpong=pingpong,
-    )  # fmt: skip
+        dtype, head_dim, causal, num_consumer_wg=NUM_CONSUMER_WG, tile_n=TILE_N, **knobs
+    )
 
 
 def _ptx(compiled: object) -> str:
@@ -213,6 +211,78 @@ def test_sm90_pingpong_needs_overlap() -> None:
     """Ping-pong exists only on top of the overlap loop, with two consumer warpgroups."""
     with pytest.raises(ValueError, match="pingpong"):
         _sm90("bfloat16", 128, False, pingpong=True)
+
+
+# The longest_first knob's signature: the grid's x extent, read to reverse blockIdx.x.
+LONGEST_FIRST_SREG = "%nctaid.x"
+
+
+@pytest.mark.cpu
+@needs_cutlass
+@pytest.mark.parametrize(
+    ("dtype", "head_dim", "causal", "path"),
+    [
+        ("bfloat16", 128, True, "plain"),
+        ("float16", 64, True, "plain"),
+        ("bfloat16", 128, False, "varlen+window"),
+        ("float16", 64, True, "varlen"),
+    ],
+)
+def test_sm90_longest_first_compiles_without_spills(
+    dtype: str,
+    head_dim: int,
+    causal: bool,
+    path: str,
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """``longest_first=True`` (on top of ``overlap``; compiled, never run on a GPU yet) builds
+    without spills and reverses the query tiles where their work differs (causal or windowed):
+    the PTX reads the grid's x extent (``%nctaid.x``) for ``m_block = nctaid.x - 1 - ctaid.x``,
+    which no other variant reads."""
+    varlen, window = "varlen" in path, "window" in path
+    kernel = _sm90(dtype, head_dim, causal, overlap=True, longest_first=True)
+    options = f"--keep-ptx --dump-dir={tmp_path} remarks{{ptx}}"
+    ptx = _ptx(kernel.compile(options=options, varlen=varlen, window=window))
+    assert_sm90_ptx(ptx, dtype, head_dim)
+    assert ptx.count(LONGEST_FIRST_SREG) == 1
+    assert ptx.count(OVERLAP_WAIT) == (3 if window else 2)
+    assert_no_spills("".join(capfd.readouterr()))
+
+
+@pytest.mark.cpu
+@needs_cutlass
+def test_sm90_longest_first_leaves_uniform_tiles_alone(tmp_path: Path) -> None:
+    """Without a causal mask or a window every query tile has the same work, so
+    ``longest_first`` changes nothing: the PTX equals the kernel's without the knob."""
+    ptxs = []
+    for longest_first in (False, True):
+        kernel = _sm90("bfloat16", 128, False, longest_first=longest_first)
+        ptxs.append(_ptx(kernel.compile(options=f"--keep-ptx --dump-dir={tmp_path}")))
+        assert_sm90_ptx(ptxs[-1], "bfloat16", 128)
+    assert LONGEST_FIRST_SREG not in ptxs[0] and ptxs[0] == ptxs[1]
+
+
+@pytest.mark.cpu
+@needs_cutlass
+def test_sm90_longest_first_order_is_a_permutation() -> None:
+    """The CTA -> query tile map (:func:`tile_for_block`, on Python ints as in the kernel) is a
+    permutation of the tiles, in decreasing causal work with ``longest_first``: every tile is
+    computed exactly once (the block walk of each tile is the one replayed below), and the
+    first CTA gets the tile with the most KV blocks."""
+    from attention_crossval.kernel.common.mask import kv_block_range
+    from attention_crossval.kernel.sm90.fwd import tile_for_block
+
+    for num_m_blocks in (1, 2, 7, 32):
+        for longest_first in (False, True):
+            tiles = [tile_for_block(x, num_m_blocks, longest_first) for x in range(num_m_blocks)]
+            assert sorted(tiles) == list(range(num_m_blocks))
+        S = 128 * num_m_blocks
+        work = [
+            (lambda r: r[1] - r[0])(kv_block_range(m, S, S, 128, 128, True))
+            for m in (tile_for_block(x, num_m_blocks, True) for x in range(num_m_blocks))
+        ]
+        assert work == sorted(work, reverse=True)
 
 
 @pytest.mark.cpu
@@ -411,20 +481,29 @@ def test_own_sm90_declarations() -> None:
 @pytest.mark.cpu
 def test_own_sm90_overlap_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     """The development switch: ``ATTENTION_CROSSVAL_SM90_OVERLAP=1`` makes the registered
-    adapters run the overlap kernel, ``=pingpong`` the overlap + ping-pong one; unset, empty or
-    0 keeps the default, anything else fails loudly (a typo must not pass off the default
-    kernel's results as a variant's)."""
-    from attention_crossval.kernel.adapters.own_sm90 import OVERLAP_ENV, knobs_from_env
+    adapters run the overlap kernel, ``=pingpong`` the overlap + ping-pong one, a
+    comma-separated list of knob names those knobs (``pingpong`` bringing ``overlap``); unset,
+    empty or 0 keeps the default, anything else fails loudly, naming the variable and the
+    allowed values (a typo must not pass off the default kernel's results as a variant's)."""
+    from attention_crossval.kernel.adapters.own_sm90 import KNOBS, OVERLAP_ENV, knobs_from_env
 
     monkeypatch.delenv(OVERLAP_ENV, raising=False)
     assert knobs_from_env() == {}
     pingpong = {"overlap": True, "pingpong": True}
-    for value, expected in (("", {}), ("0", {}), ("1", {"overlap": True}), ("pingpong", pingpong)):
+    lf = {"overlap": True, "longest_first": True}
+    for value, expected in (
+        ("", {}), ("0", {}), ("1", {"overlap": True}), ("pingpong", pingpong),
+        ("overlap,longest_first", lf), ("longest_first, overlap", lf), ("pingpong", pingpong),
+        ("pingpong,longest_first", {**pingpong, "longest_first": True}),
+        (",".join(KNOBS), dict.fromkeys(KNOBS, True)),
+    ):  # fmt: skip
         monkeypatch.setenv(OVERLAP_ENV, value)
-        assert knobs_from_env() == expected
-    monkeypatch.setenv(OVERLAP_ENV, "yes")
-    with pytest.raises(ValueError, match=OVERLAP_ENV):
-        knobs_from_env()
+        assert knobs_from_env() == expected, value
+    for bad in ("yes", "overlap,typo", "overlap,,longest_first", "overlap,1"):
+        monkeypatch.setenv(OVERLAP_ENV, bad)
+        with pytest.raises(ValueError, match=OVERLAP_ENV) as error:
+            knobs_from_env()
+        assert "longest_first" in str(error.value)
 
 
 def _case(

@@ -43,6 +43,9 @@ TILE_N = 128
 # own-sm90-full adds lengths and window bounds to row indices in int32 (kernel/common/mask.py):
 # every sum stays below 2 Sq + Sk, inside int32 with both lengths at most 2^29.
 FULL_MAX_SEQLEN = 1 << 29
+# The kernel's compile-time knobs the adapters pass through (kernel/sm90/fwd.py), all off by
+# default; each combination is compiled and cached apart.
+KNOBS = ("overlap", "pingpong", "longest_first")
 # The registered adapters' kernel variant (development switch): value -> launch knobs.
 OVERLAP_ENV = "ATTENTION_CROSSVAL_SM90_OVERLAP"
 ENV_VARIANTS: dict[str, dict[str, bool]] = {
@@ -54,12 +57,24 @@ ENV_VARIANTS: dict[str, dict[str, bool]] = {
 
 
 def knobs_from_env() -> dict[str, bool]:
-    """The knobs :data:`OVERLAP_ENV` asks for (:data:`ENV_VARIANTS`; unset is the default
-    kernel); any other value is an error (a typo must not silently test the default)."""
+    """The knobs :data:`OVERLAP_ENV` asks for: one of :data:`ENV_VARIANTS` (unset is the default
+    kernel), or a comma-separated list of :data:`KNOBS` names, each turned on (``pingpong``
+    implies ``overlap``, as its single value does). Anything else is an error naming the
+    variable and the allowed values (a typo must not silently test the default)."""
     value = os.environ.get(OVERLAP_ENV, "")
-    if value not in ENV_VARIANTS:
-        raise ValueError(f"{OVERLAP_ENV}={value!r}: use one of {sorted(ENV_VARIANTS)}")
-    return ENV_VARIANTS[value]
+    if value in ENV_VARIANTS:
+        return dict(ENV_VARIANTS[value])
+    names = [name.strip() for name in value.split(",")]
+    unknown = [name for name in names if name not in KNOBS]
+    if unknown:
+        raise ValueError(
+            f"{OVERLAP_ENV}={value!r}: unknown {unknown}; use one of {sorted(ENV_VARIANTS)} or a "
+            f"comma-separated list of {list(KNOBS)}"
+        )
+    knobs = dict.fromkeys(names, True)
+    if knobs.get("pingpong"):
+        knobs["overlap"] = True
+    return knobs
 
 
 def _spec() -> KernelSpec:
@@ -131,13 +146,15 @@ def launch(
     causal: bool,
     overlap: bool = False,
     pingpong: bool = False,
+    longest_first: bool = False,
 ) -> None:
     """Run the kernel on torch CUDA tensors (see :func:`kernel.adapters._cute.launch`);
-    ``overlap`` and ``pingpong`` pick the kernel's knobs of those names (each variant compiled
-    and cached apart)."""
+    ``overlap``, ``pingpong`` and ``longest_first`` pick the kernel's knobs of those names (each
+    variant compiled and cached apart)."""
+    knobs = {"overlap": overlap, "pingpong": pingpong, "longest_first": longest_first}
     _cute.launch(
-        "own-sm90", partial(_make_kernel, overlap=overlap, pingpong=pingpong), q, k, v, out, lse,
-        softmax_scale, causal=causal, variant=_variant(overlap, pingpong),
+        "own-sm90", partial(_make_kernel, **knobs), q, k, v, out, lse, softmax_scale,
+        causal=causal, variant=_variant(knobs),
     )  # fmt: skip
 
 
@@ -155,31 +172,31 @@ def launch_full(
     *,
     overlap: bool = False,
     pingpong: bool = False,
+    longest_first: bool = False,
 ) -> None:
     """``own-sm90-full``'s launch (never run): Hq a multiple of Hkv, int32 ``[B]`` CUDA lengths
     (the padded extents where a case has none), ``window`` from :func:`window_bounds`;
-    ``overlap`` and ``pingpong`` as in :func:`launch`."""
+    the knobs as in :func:`launch`."""
+    knobs = {"overlap": overlap, "pingpong": pingpong, "longest_first": longest_first}
     _cute.launch(
-        "own-sm90-full", partial(_make_kernel, overlap=overlap, pingpong=pingpong), q, k, v, out,
-        lse, softmax_scale, causal=causal, gqa=True, lengths=(q_lengths, k_lengths),
-        window=window, variant=_variant(overlap, pingpong),
+        "own-sm90-full", partial(_make_kernel, **knobs), q, k, v, out, lse, softmax_scale,
+        causal=causal, gqa=True, lengths=(q_lengths, k_lengths), window=window,
+        variant=_variant(knobs),
     )  # fmt: skip
 
 
-def _variant(overlap: bool, pingpong: bool) -> tuple[str, ...]:
-    """The compile-cache key part of the knobs (empty for the default kernel)."""
-    return tuple(name for name, on in (("overlap", overlap), ("pingpong", pingpong)) if on)
+def _variant(knobs: dict[str, bool]) -> tuple[str, ...]:
+    """The compile-cache key part of the knobs: the names turned on, in :data:`KNOBS` order
+    (empty for the default kernel)."""
+    return tuple(name for name in KNOBS if knobs.get(name))
 
 
-def _make_kernel(
-    dtype: str, head_dim: int, causal: bool, *, overlap: bool = False, pingpong: bool = False
-) -> Any:
+def _make_kernel(dtype: str, head_dim: int, causal: bool, **knobs: bool) -> Any:
     from attention_crossval.kernel.sm90.fwd import FlashAttentionForwardSm90
 
     return FlashAttentionForwardSm90(
-        dtype, head_dim, causal, num_consumer_wg=NUM_CONSUMER_WG, tile_n=TILE_N,
-        overlap=overlap, pingpong=pingpong,
-    )  # fmt: skip
+        dtype, head_dim, causal, num_consumer_wg=NUM_CONSUMER_WG, tile_n=TILE_N, **knobs
+    )
 
 
 def create() -> OwnSm90Adapter:

@@ -37,6 +37,14 @@ turn), so one arrive stays pending at exit, as in FlashAttention. Both warpgroup
 blocks (the block range is the CTA's), so their turns pair up; the varlen V-row zeroing, which
 syncs both warpgroups, runs before a warpgroup waits for its turn, never inside it.
 
+The knob ``longest_first=True`` (COMPILED ONLY, never run) reverses the CTA -> query tile map
+for causal or windowed kernels (:func:`tile_for_block`: ``m_block = gridDim.x - 1 -
+blockIdx.x``), so the hardware, which launches CTAs in index order, starts the tiles with the most
+KV blocks first and fills the tail of the grid with the short ones (FlashAttention's LPT order,
+without its L2 swizzle of heads). ``m_block`` is set once at the top of :meth:`kernel`, so the
+loads, the block range, the masks and the epilogue all see the same tile. Without causal or a
+window every tile has the same work and the knob compiles to the default kernel.
+
 Layouts: q, k, v, o ``[B, S, H, D]`` with unit stride on D (any other strides, e.g. guard-banded
 views), lse ``[B, H, Sq]`` float32; B, H, Sq, Sk dynamic; D static (64 or 128); bottom-right
 causal or no mask. Query head ``h`` reads kv head ``h // (Hq // Hkv)`` (GQA/MQA; Hq a multiple
@@ -131,6 +139,15 @@ def acc_as_operand_a(acc: cute.Tensor) -> cute.Tensor:
     return cute.make_tensor(acc.iterator, layout)
 
 
+def tile_for_block(block_x: Int32, num_m_blocks: Int32, longest_first: bool) -> Int32:
+    """The query tile (m_block) CTA ``block_x`` of ``num_m_blocks`` computes: itself, or with
+    ``longest_first`` the reversed order, so the tiles with the most KV blocks under a causal
+    mask (the last ones) are launched first and the short ones fill the tail of the grid
+    (FlashAttention's LPT order, without its L2 swizzle of heads). A permutation of
+    ``range(num_m_blocks)``; plain arithmetic, so the CPU tests replay it on Python ints."""
+    return num_m_blocks - 1 - block_x if longest_first else block_x
+
+
 class FlashAttentionForwardSm90:
     """Static knobs in ``__init__``; ``__call__`` is the host launch (a ``cute.jit`` function)."""
 
@@ -145,6 +162,7 @@ class FlashAttentionForwardSm90:
         kv_stages: int = 2,
         overlap: bool = False,
         pingpong: bool = False,
+        longest_first: bool = False,
     ) -> None:
         if dtype not in DTYPES:
             raise ValueError(f"dtype={dtype!r} must be one of {sorted(DTYPES)}")
@@ -167,6 +185,7 @@ class FlashAttentionForwardSm90:
         self.kv_stages = kv_stages
         self.overlap = overlap
         self.pingpong = pingpong
+        self.longest_first = longest_first
         self.num_threads = WG_THREADS * (1 + num_consumer_wg)
         # setmaxnreg: the producer gives registers to the consumers (65536 per SM, 1 CTA).
         self.regs_load = 24
@@ -300,7 +319,12 @@ class FlashAttentionForwardSm90:
         window_right: Int32 | None,
     ) -> None:
         tidx, _, _ = cute.arch.thread_idx()
-        m_block, head, batch = cute.arch.block_idx()
+        block_x, head, batch = cute.arch.block_idx()
+        # The query tile: blockIdx.x, or reversed (longest_first, only where the tiles' work
+        # differs: causal or windowed). Every later use of the tile reads this one m_block.
+        m_block = block_x
+        if cutlass.const_expr(self.longest_first and (self.causal or window_left is not None)):
+            m_block = tile_for_block(block_x, cute.arch.grid_dim()[0], True)
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg_idx = cute.arch.make_warp_uniform(tidx // WG_THREADS)
 
