@@ -373,6 +373,134 @@ def test_sm90_register_views_match_the_mma_layouts(head_dim: int) -> None:
             assert cols == list(range(TILE_N)), f"quad at lane {quad}, row {r}: columns {cols}"
 
 
+# smem_epilogue: O into shared memory by stmatrix, the generic-proxy writes fenced for the TMA
+# unit, the consumer warpgroups' epilogue barrier (4); then a TMA store (global <- shared) whose
+# reads the issuing thread waits for, or under varlen 16-byte chunks through registers.
+SMEM_EPILOGUE_MUST_HAVE = ("fence.proxy.async.shared::cta", "bar.sync 4, 256;")
+STMATRIX = "stmatrix.sync.aligned.m8n8.x4.shared.b16"
+TMA_STORE = "cp.async.bulk.tensor.4d.global.shared::cta"
+TMA_STORE_READ_WAIT = "cp.async.bulk.wait_group.read 0;"
+SMEM_EPILOGUE_CONFIGS = [
+    ("bfloat16", 128, True, "plain", ("overlap", "longest_first")),
+    ("float16", 128, False, "plain", ("overlap",)),
+    ("bfloat16", 64, True, "plain", ()),
+    ("float16", 64, False, "plain", ("overlap", "longest_first")),
+    ("bfloat16", 128, True, "varlen+window", ("overlap", "longest_first")),
+    ("float16", 64, False, "varlen", ()),
+]
+
+
+@pytest.mark.cpu
+@needs_cutlass
+@pytest.mark.parametrize(("dtype", "head_dim", "causal", "path", "knobs"), SMEM_EPILOGUE_CONFIGS)
+def test_sm90_smem_epilogue_compiles_without_spills(
+    dtype: str,
+    head_dim: int,
+    causal: bool,
+    path: str,
+    knobs: tuple[str, ...],
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """``smem_epilogue=True`` (alone or with the other knobs; compiled, never run on a GPU yet)
+    builds without spills, and O leaves in wide stores only: ``D / 16`` ``stmatrix.x4`` per
+    thread into the Q buffer, the proxy fence and the epilogue barrier, then without varlen one
+    TMA store per 64-column box (``D / 64``) and the wait for its reads, with varlen ``D / 16``
+    16-byte shared loads and 16-byte global stores per thread; no 2-byte global store (the
+    default epilogue's per-element ``st.global.b16``) is left."""
+    varlen, window = "varlen" in path, "window" in path
+    kernel = _sm90(dtype, head_dim, causal, smem_epilogue=True, **dict.fromkeys(knobs, True))
+    options = f"--keep-ptx --dump-dir={tmp_path} remarks{{ptx}}"
+    ptx = _ptx(kernel.compile(options=options, varlen=varlen, window=window))
+    assert_sm90_ptx(ptx, dtype, head_dim)
+    missing = [spelling for spelling in SMEM_EPILOGUE_MUST_HAVE if spelling not in ptx]
+    assert not missing, f"PTX lacks {missing}"
+    assert ptx.count(STMATRIX) == head_dim // 16
+    assert "st.global.b16" not in ptx
+    if varlen:
+        assert TMA_STORE not in ptx
+        assert ptx.count("ld.shared.v4.b32") == ptx.count("st.global.v4.b32") == head_dim // 16
+    else:
+        assert ptx.count(TMA_STORE) == head_dim // 64
+        assert ptx.count(TMA_STORE_READ_WAIT) == 1
+        assert "st.global.v4" not in ptx
+    assert_no_spills("".join(capfd.readouterr()))
+
+
+@pytest.mark.cpu
+@needs_cutlass
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_sm90_smem_epilogue_copies_match_the_mma_layout(head_dim: int) -> None:
+    """The ``smem_epilogue`` copies, checked on coordinates at trace time, over all 256
+    consumer threads:
+
+    * the ``stmatrix`` copy takes each thread's O registers (re-viewed by ``retile``) as the
+      (row, col) values the PV accumulator holds there, and its destinations cover the
+      ``tile_m x D`` tile exactly once (every O value lands at its own place in ``sO``);
+    * the varlen chunk copy (:meth:`store_rows_from_smem`) gives each thread 8 consecutive
+      columns of one row per chunk and covers the tile exactly once.
+    """
+    import cutlass
+    import cutlass.cute as cute
+    import cutlass.utils.hopper_helpers as sm90_utils
+    from cutlass.cute.nvgpu import OperandMajorMode, warpgroup
+    from cutlass.tensor_utils import LayoutEnum
+
+    from attention_crossval.kernel.adapters.own_sm90 import NUM_CONSUMER_WG
+    from attention_crossval.kernel.sm90.fwd import ROWS_PER_WG, WG_THREADS
+
+    tile_m, threads = ROWS_PER_WG * NUM_CONSUMER_WG, WG_THREADS * NUM_CONSUMER_WG
+    sources: list[tuple[list, list]] = []
+    written: list = []
+    chunks: list = []
+
+    def coords(tensor: cute.Tensor) -> list:
+        return [tensor[i] for i in range(cute.size(tensor))]
+
+    @cute.jit
+    def trace() -> None:
+        dtype = cutlass.BFloat16
+        pv = sm90_utils.make_trivial_tiled_mma(
+            dtype, dtype, OperandMajorMode.K, OperandMajorMode.MN, cutlass.Float32,
+            (NUM_CONSUMER_WG, 1, 1), (ROWS_PER_WG, head_dim), warpgroup.OperandSource.RMEM,
+        )  # fmt: skip
+        atom = sm90_utils.get_smem_store_op(LayoutEnum.ROW_MAJOR, dtype, cutlass.Float32)
+        stsm = cute.make_tiled_copy_C(atom, pv)
+        tile = cute.make_identity_tensor((tile_m, head_dim))
+        chunks_per_row = head_dim // 8
+        rows = cute.make_tiled_copy_tv(
+            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype, num_bits_per_copy=128),
+            cute.make_ordered_layout((threads // chunks_per_row, chunks_per_row), order=(1, 0)),
+            cute.make_layout((1, 8)),
+        )
+        for t in cutlass.range_constexpr(threads):
+            thr = stsm.get_slice(t)  # (no `if` here: the DSL would trace both branches)
+            sources.append(
+                (
+                    coords(thr.retile(pv.get_slice(t).partition_C(tile))),
+                    coords(thr.partition_S(tile)),
+                )
+            )
+            written.extend(coords(thr.partition_D(tile)))
+            part = rows.get_slice(t).partition_S(tile)
+            for m in cutlass.range_constexpr(cute.size(part, mode=[1])):
+                chunks.append(coords(part[None, m, None]))
+
+    cute.compile(trace, options="--gpu-arch=sm_90a")
+    everything = sorted((r, c) for r in range(tile_m) for c in range(head_dim))
+    mismatched = [t for t, (held, taken) in enumerate(sources) if held != taken]
+    assert len(sources) == threads and not mismatched, (
+        f"stmatrix sources differ from the accumulator at threads {mismatched}"
+    )
+    assert sorted(tuple(x) for x in written) == everything
+    assert all(
+        [tuple(x) for x in chunk] == [(chunk[0][0], chunk[0][1] + j) for j in range(8)]
+        and chunk[0][1] % 8 == 0
+        for chunk in chunks
+    )
+    assert sorted(tuple(x) for chunk in chunks for x in chunk) == everything
+
+
 def _near_multiples(unit: int, low: int) -> st.SearchStrategy[int]:
     """Lengths and window sides where the block arithmetic turns: within 2 of a multiple of
     ``unit`` (up to 5 of them), or anywhere up to 5 units."""
@@ -504,6 +632,34 @@ def test_own_sm90_overlap_switch(monkeypatch: pytest.MonkeyPatch) -> None:
         with pytest.raises(ValueError, match=OVERLAP_ENV) as error:
             knobs_from_env()
         assert "longest_first" in str(error.value)
+
+
+@pytest.mark.cpu
+def test_own_sm90_smem_epilogue_checks_out_alignment() -> None:
+    """The launch refuses ``smem_epilogue`` on an ``out`` the kernel's 16-byte O stores would
+    misalign (an offset base or a stride not a multiple of 16 bytes), before any compile; the
+    other variants never look."""
+    from attention_crossval.kernel.adapters.own_sm90 import _check_out_alignment
+
+    class Out:  # the three torch.Tensor methods the check reads
+        def __init__(self, ptr: int, stride: tuple[int, ...]) -> None:
+            self.ptr, self.strides = ptr, stride
+
+        def element_size(self) -> int:
+            return 2
+
+        def data_ptr(self) -> int:
+            return self.ptr
+
+        def stride(self) -> tuple[int, ...]:
+            return self.strides
+
+    on = {"smem_epilogue": True}
+    _check_out_alignment(Out(4096, (2048 * 128, 1024, 128, 1)), on)
+    _check_out_alignment(Out(4098, (8, 8, 1, 1)), {"overlap": True})
+    for bad in (Out(4098, (2048 * 128, 1024, 128, 1)), Out(4096, (2048 * 128, 1028, 128, 1))):
+        with pytest.raises(ValueError, match="smem_epilogue"):
+            _check_out_alignment(bad, on)
 
 
 def _case(

@@ -17,10 +17,13 @@ Both adapters run the kernel's default configuration unless the environment vari
 ``ATTENTION_CROSSVAL_SM90_OVERLAP`` is set when they launch: ``1`` runs it with ``overlap=True``
 (kernel/sm90/fwd.py: intra-warpgroup overlap of the softmax with the WGMMAs), ``pingpong`` with
 ``overlap=True, pingpong=True`` (the two consumer warpgroups also take turns issuing their
-WGMMAs); both ran on the H200 in benchmarks/bench_own_sm90.py only. This is for development, so that
-``pytest -m gpu --kernel own-sm90`` can put a variant through the whole suite; it stays a
-switch, not the default, until a GPU run decides. Benchmarks choose a variant directly with the
-``overlap`` / ``pingpong`` arguments of :func:`launch` and :func:`launch_full`.
+WGMMAs); both ran on the H200 in benchmarks/bench_own_sm90.py only. A comma-separated list of
+:data:`KNOBS` names turns those knobs on (``pingpong`` bringing ``overlap``), e.g.
+``overlap,longest_first,smem_epilogue``; ``longest_first`` (causal tiles in decreasing work
+order) and ``smem_epilogue`` (O through shared memory, TMA store) are compiled only, never run.
+This is for development, so that ``pytest -m gpu --kernel own-sm90`` can put a variant through
+the whole suite; it stays a switch, not the default, until a GPU run decides. Benchmarks choose
+a variant directly with the knob arguments of :func:`launch` and :func:`launch_full`.
 
 Kernels are compiled once per variant and cached for the process; B, H, Sq, Sk and all strides
 are dynamic, so guard-banded views go straight to the kernel. torch and cutlass are imported
@@ -45,7 +48,7 @@ TILE_N = 128
 FULL_MAX_SEQLEN = 1 << 29
 # The kernel's compile-time knobs the adapters pass through (kernel/sm90/fwd.py), all off by
 # default; each combination is compiled and cached apart.
-KNOBS = ("overlap", "pingpong", "longest_first")
+KNOBS = ("overlap", "pingpong", "longest_first", "smem_epilogue")
 # The registered adapters' kernel variant (development switch): value -> launch knobs.
 OVERLAP_ENV = "ATTENTION_CROSSVAL_SM90_OVERLAP"
 ENV_VARIANTS: dict[str, dict[str, bool]] = {
@@ -147,11 +150,16 @@ def launch(
     overlap: bool = False,
     pingpong: bool = False,
     longest_first: bool = False,
+    smem_epilogue: bool = False,
 ) -> None:
     """Run the kernel on torch CUDA tensors (see :func:`kernel.adapters._cute.launch`);
-    ``overlap``, ``pingpong`` and ``longest_first`` pick the kernel's knobs of those names (each
-    variant compiled and cached apart)."""
-    knobs = {"overlap": overlap, "pingpong": pingpong, "longest_first": longest_first}
+    ``overlap``, ``pingpong``, ``longest_first`` and ``smem_epilogue`` pick the kernel's knobs
+    of those names (each variant compiled and cached apart)."""
+    knobs = {
+        "overlap": overlap, "pingpong": pingpong, "longest_first": longest_first,
+        "smem_epilogue": smem_epilogue,
+    }  # fmt: skip
+    _check_out_alignment(out, knobs)
     _cute.launch(
         "own-sm90", partial(_make_kernel, **knobs), q, k, v, out, lse, softmax_scale,
         causal=causal, variant=_variant(knobs),
@@ -173,16 +181,36 @@ def launch_full(
     overlap: bool = False,
     pingpong: bool = False,
     longest_first: bool = False,
+    smem_epilogue: bool = False,
 ) -> None:
     """``own-sm90-full``'s launch (never run): Hq a multiple of Hkv, int32 ``[B]`` CUDA lengths
     (the padded extents where a case has none), ``window`` from :func:`window_bounds`;
     the knobs as in :func:`launch`."""
-    knobs = {"overlap": overlap, "pingpong": pingpong, "longest_first": longest_first}
+    knobs = {
+        "overlap": overlap, "pingpong": pingpong, "longest_first": longest_first,
+        "smem_epilogue": smem_epilogue,
+    }  # fmt: skip
+    _check_out_alignment(out, knobs)
     _cute.launch(
         "own-sm90-full", partial(_make_kernel, **knobs), q, k, v, out, lse, softmax_scale,
         causal=causal, gqa=True, lengths=(q_lengths, k_lengths), window=window,
         variant=_variant(knobs),
     )  # fmt: skip
+
+
+def _check_out_alignment(out: Any, knobs: dict[str, bool]) -> None:
+    """``smem_epilogue`` stores O in 16-byte pieces (a TMA store, or 16-byte chunks of rows
+    under varlen), which the kernel compiles assuming: ``out`` 16-byte aligned, its S, H and B
+    strides multiples of 16 bytes (the TMA loads need the same of q, k and v)."""
+    if not knobs.get("smem_epilogue"):
+        return
+    per_chunk = 16 // out.element_size()
+    if out.data_ptr() % 16 or any(stride % per_chunk for stride in out.stride()[:3]):
+        raise ValueError(
+            f"smem_epilogue needs out 16-byte aligned with strides in multiples of {per_chunk} "
+            f"elements but for the last: data_ptr % 16 = {out.data_ptr() % 16}, strides "
+            f"{tuple(out.stride())}"
+        )
 
 
 def _variant(knobs: dict[str, bool]) -> tuple[str, ...]:
