@@ -450,6 +450,7 @@ def test_sm90_smem_epilogue_copies_match_the_mma_layout(head_dim: int) -> None:
     from attention_crossval.kernel.sm90.fwd import ROWS_PER_WG, WG_THREADS
 
     tile_m, threads = ROWS_PER_WG * NUM_CONSUMER_WG, WG_THREADS * NUM_CONSUMER_WG
+    thread_ids = list(range(threads))
     sources: list[tuple[list, list]] = []
     written: list = []
     chunks: list = []
@@ -473,7 +474,7 @@ def test_sm90_smem_epilogue_copies_match_the_mma_layout(head_dim: int) -> None:
             cute.make_ordered_layout((threads // chunks_per_row, chunks_per_row), order=(1, 0)),
             cute.make_layout((1, 8)),
         )
-        for t in cutlass.range_constexpr(threads):
+        for t in thread_ids:  # a Python list: a trace-time loop, no DSL range
             thr = stsm.get_slice(t)  # (no `if` here: the DSL would trace both branches)
             sources.append(
                 (
