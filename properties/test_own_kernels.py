@@ -72,16 +72,14 @@ OVERLAP_CONFIGS = [(*config, path) for config in CONFIGS for path in ("plain", "
 OVERLAP_CONFIGS.append(("bfloat16", 128, True, "varlen"))
 
 
-def _sm90(
-    dtype: str, head_dim: int, causal: bool, *, overlap: bool = False, pingpong: bool = False
-):
+def _sm90(dtype: str, head_dim: int, causal: bool, **knobs: bool):
+    """The kernel as the adapters build it, with the compile-time ``knobs`` given."""
     from attention_crossval.kernel.adapters.own_sm90 import NUM_CONSUMER_WG, TILE_N
     from attention_crossval.kernel.sm90.fwd import FlashAttentionForwardSm90
 
     return FlashAttentionForwardSm90(
-        dtype, head_dim, causal, num_consumer_wg=NUM_CONSUMER_WG, tile_n=TILE_N,
-        overlap=overlap, pingpong=pingpong,
-    )  # fmt: skip
+        dtype, head_dim, causal, num_consumer_wg=NUM_CONSUMER_WG, tile_n=TILE_N, **knobs
+    )
 
 
 def _ptx(compiled: object) -> str:
@@ -215,6 +213,78 @@ def test_sm90_pingpong_needs_overlap() -> None:
         _sm90("bfloat16", 128, False, pingpong=True)
 
 
+# The longest_first knob's signature: the grid's x extent, read to reverse blockIdx.x.
+LONGEST_FIRST_SREG = "%nctaid.x"
+
+
+@pytest.mark.cpu
+@needs_cutlass
+@pytest.mark.parametrize(
+    ("dtype", "head_dim", "causal", "path"),
+    [
+        ("bfloat16", 128, True, "plain"),
+        ("float16", 64, True, "plain"),
+        ("bfloat16", 128, False, "varlen+window"),
+        ("float16", 64, True, "varlen"),
+    ],
+)
+def test_sm90_longest_first_compiles_without_spills(
+    dtype: str,
+    head_dim: int,
+    causal: bool,
+    path: str,
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """``longest_first=True`` (on top of ``overlap``; compiled, never run on a GPU yet) builds
+    without spills and reverses the query tiles where their work differs (causal or windowed):
+    the PTX reads the grid's x extent (``%nctaid.x``) for ``m_block = nctaid.x - 1 - ctaid.x``,
+    which no other variant reads."""
+    varlen, window = "varlen" in path, "window" in path
+    kernel = _sm90(dtype, head_dim, causal, overlap=True, longest_first=True)
+    options = f"--keep-ptx --dump-dir={tmp_path} remarks{{ptx}}"
+    ptx = _ptx(kernel.compile(options=options, varlen=varlen, window=window))
+    assert_sm90_ptx(ptx, dtype, head_dim)
+    assert ptx.count(LONGEST_FIRST_SREG) == 1
+    assert ptx.count(OVERLAP_WAIT) == (3 if window else 2)
+    assert_no_spills("".join(capfd.readouterr()))
+
+
+@pytest.mark.cpu
+@needs_cutlass
+def test_sm90_longest_first_leaves_uniform_tiles_alone(tmp_path: Path) -> None:
+    """Without a causal mask or a window every query tile has the same work, so
+    ``longest_first`` changes nothing: the PTX equals the kernel's without the knob."""
+    ptxs = []
+    for longest_first in (False, True):
+        kernel = _sm90("bfloat16", 128, False, longest_first=longest_first)
+        ptxs.append(_ptx(kernel.compile(options=f"--keep-ptx --dump-dir={tmp_path}")))
+        assert_sm90_ptx(ptxs[-1], "bfloat16", 128)
+    assert LONGEST_FIRST_SREG not in ptxs[0] and ptxs[0] == ptxs[1]
+
+
+@pytest.mark.cpu
+@needs_cutlass
+def test_sm90_longest_first_order_is_a_permutation() -> None:
+    """The CTA -> query tile map (:func:`tile_for_block`, on Python ints as in the kernel) is a
+    permutation of the tiles, in decreasing causal work with ``longest_first``: every tile is
+    computed exactly once (the block walk of each tile is the one replayed below), and the
+    first CTA gets the tile with the most KV blocks."""
+    from attention_crossval.kernel.common.mask import kv_block_range
+    from attention_crossval.kernel.sm90.fwd import tile_for_block
+
+    for num_m_blocks in (1, 2, 7, 32):
+        for longest_first in (False, True):
+            tiles = [tile_for_block(x, num_m_blocks, longest_first) for x in range(num_m_blocks)]
+            assert sorted(tiles) == list(range(num_m_blocks))
+        S = 128 * num_m_blocks
+        work = [
+            (lambda r: r[1] - r[0])(kv_block_range(m, S, S, 128, 128, True))
+            for m in (tile_for_block(x, num_m_blocks, True) for x in range(num_m_blocks))
+        ]
+        assert work == sorted(work, reverse=True)
+
+
 @pytest.mark.cpu
 @needs_cutlass
 def test_sm90_has_no_register_spills(capfd: pytest.CaptureFixture[str]) -> None:
@@ -301,6 +371,135 @@ def test_sm90_register_views_match_the_mma_layouts(head_dim: int) -> None:
         for r in range(len(seen["s_rows"][quad])):
             cols = sorted(col for t in range(quad, quad + 4) for _, col in seen["s_rows"][t][r])
             assert cols == list(range(TILE_N)), f"quad at lane {quad}, row {r}: columns {cols}"
+
+
+# smem_epilogue: O into shared memory by stmatrix, the generic-proxy writes fenced for the TMA
+# unit, the consumer warpgroups' epilogue barrier (4); then a TMA store (global <- shared) whose
+# reads the issuing thread waits for, or under varlen 16-byte chunks through registers.
+SMEM_EPILOGUE_MUST_HAVE = ("fence.proxy.async.shared::cta", "bar.sync 4, 256;")
+STMATRIX = "stmatrix.sync.aligned.m8n8.x4.shared.b16"
+TMA_STORE = "cp.async.bulk.tensor.4d.global.shared::cta"
+TMA_STORE_READ_WAIT = "cp.async.bulk.wait_group.read 0;"
+SMEM_EPILOGUE_CONFIGS = [
+    ("bfloat16", 128, True, "plain", ("overlap", "longest_first")),
+    ("float16", 128, False, "plain", ("overlap",)),
+    ("bfloat16", 64, True, "plain", ()),
+    ("float16", 64, False, "plain", ("overlap", "longest_first")),
+    ("bfloat16", 128, True, "varlen+window", ("overlap", "longest_first")),
+    ("float16", 64, False, "varlen", ()),
+]
+
+
+@pytest.mark.cpu
+@needs_cutlass
+@pytest.mark.parametrize(("dtype", "head_dim", "causal", "path", "knobs"), SMEM_EPILOGUE_CONFIGS)
+def test_sm90_smem_epilogue_compiles_without_spills(
+    dtype: str,
+    head_dim: int,
+    causal: bool,
+    path: str,
+    knobs: tuple[str, ...],
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """``smem_epilogue=True`` (alone or with the other knobs; compiled, never run on a GPU yet)
+    builds without spills, and O leaves in wide stores only: ``D / 16`` ``stmatrix.x4`` per
+    thread into the Q buffer, the proxy fence and the epilogue barrier, then without varlen one
+    TMA store per 64-column box (``D / 64``) and the wait for its reads, with varlen ``D / 16``
+    16-byte shared loads and 16-byte global stores per thread; no 2-byte global store (the
+    default epilogue's per-element ``st.global.b16``) is left."""
+    varlen, window = "varlen" in path, "window" in path
+    kernel = _sm90(dtype, head_dim, causal, smem_epilogue=True, **dict.fromkeys(knobs, True))
+    options = f"--keep-ptx --dump-dir={tmp_path} remarks{{ptx}}"
+    ptx = _ptx(kernel.compile(options=options, varlen=varlen, window=window))
+    assert_sm90_ptx(ptx, dtype, head_dim)
+    missing = [spelling for spelling in SMEM_EPILOGUE_MUST_HAVE if spelling not in ptx]
+    assert not missing, f"PTX lacks {missing}"
+    assert ptx.count(STMATRIX) == head_dim // 16
+    assert "st.global.b16" not in ptx
+    if varlen:
+        assert TMA_STORE not in ptx
+        assert ptx.count("ld.shared.v4.b32") == ptx.count("st.global.v4.b32") == head_dim // 16
+    else:
+        assert ptx.count(TMA_STORE) == head_dim // 64
+        assert ptx.count(TMA_STORE_READ_WAIT) == 1
+        assert "st.global.v4" not in ptx
+    assert_no_spills("".join(capfd.readouterr()))
+
+
+@pytest.mark.cpu
+@needs_cutlass
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_sm90_smem_epilogue_copies_match_the_mma_layout(head_dim: int) -> None:
+    """The ``smem_epilogue`` copies, checked on coordinates at trace time, over all 256
+    consumer threads:
+
+    * the ``stmatrix`` copy takes each thread's O registers (re-viewed by ``retile``) as the
+      (row, col) values the PV accumulator holds there, and its destinations cover the
+      ``tile_m x D`` tile exactly once (every O value lands at its own place in ``sO``);
+    * the varlen chunk copy (:meth:`store_rows_from_smem`) gives each thread 8 consecutive
+      columns of one row per chunk and covers the tile exactly once.
+    """
+    import cutlass
+    import cutlass.cute as cute
+    import cutlass.utils.hopper_helpers as sm90_utils
+    from cutlass.cute.nvgpu import OperandMajorMode, warpgroup
+    from cutlass.tensor_utils import LayoutEnum
+
+    from attention_crossval.kernel.adapters.own_sm90 import NUM_CONSUMER_WG
+    from attention_crossval.kernel.sm90.fwd import ROWS_PER_WG, WG_THREADS
+
+    tile_m, threads = ROWS_PER_WG * NUM_CONSUMER_WG, WG_THREADS * NUM_CONSUMER_WG
+    thread_ids = list(range(threads))
+    sources: list[tuple[list, list]] = []
+    written: list = []
+    chunks: list = []
+
+    def coords(tensor: cute.Tensor) -> list:
+        return [tensor[i] for i in range(cute.size(tensor))]
+
+    @cute.jit
+    def trace() -> None:
+        dtype = cutlass.BFloat16
+        pv = sm90_utils.make_trivial_tiled_mma(
+            dtype, dtype, OperandMajorMode.K, OperandMajorMode.MN, cutlass.Float32,
+            (NUM_CONSUMER_WG, 1, 1), (ROWS_PER_WG, head_dim), warpgroup.OperandSource.RMEM,
+        )  # fmt: skip
+        atom = sm90_utils.get_smem_store_op(LayoutEnum.ROW_MAJOR, dtype, cutlass.Float32)
+        stsm = cute.make_tiled_copy_C(atom, pv)
+        tile = cute.make_identity_tensor((tile_m, head_dim))
+        chunks_per_row = head_dim // 8
+        rows = cute.make_tiled_copy_tv(
+            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype, num_bits_per_copy=128),
+            cute.make_ordered_layout((threads // chunks_per_row, chunks_per_row), order=(1, 0)),
+            cute.make_layout((1, 8)),
+        )
+        for t in thread_ids:  # a Python list: a trace-time loop, no DSL range
+            thr = stsm.get_slice(t)  # (no `if` here: the DSL would trace both branches)
+            sources.append(
+                (
+                    coords(thr.retile(pv.get_slice(t).partition_C(tile))),
+                    coords(thr.partition_S(tile)),
+                )
+            )
+            written.extend(coords(thr.partition_D(tile)))
+            part = rows.get_slice(t).partition_S(tile)
+            for m in cutlass.range_constexpr(cute.size(part, mode=[1])):
+                chunks.append(coords(part[None, m, None]))
+
+    cute.compile(trace, options="--gpu-arch=sm_90a")
+    everything = sorted((r, c) for r in range(tile_m) for c in range(head_dim))
+    mismatched = [t for t, (held, taken) in enumerate(sources) if held != taken]
+    assert len(sources) == threads and not mismatched, (
+        f"stmatrix sources differ from the accumulator at threads {mismatched}"
+    )
+    assert sorted(tuple(x) for x in written) == everything
+    assert all(
+        [tuple(x) for x in chunk] == [(chunk[0][0], chunk[0][1] + j) for j in range(8)]
+        and chunk[0][1] % 8 == 0
+        for chunk in chunks
+    )
+    assert sorted(tuple(x) for chunk in chunks for x in chunk) == everything
 
 
 def _near_multiples(unit: int, low: int) -> st.SearchStrategy[int]:
@@ -411,20 +610,57 @@ def test_own_sm90_declarations() -> None:
 @pytest.mark.cpu
 def test_own_sm90_overlap_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     """The development switch: ``ATTENTION_CROSSVAL_SM90_OVERLAP=1`` makes the registered
-    adapters run the overlap kernel, ``=pingpong`` the overlap + ping-pong one; unset, empty or
-    0 keeps the default, anything else fails loudly (a typo must not pass off the default
-    kernel's results as a variant's)."""
-    from attention_crossval.kernel.adapters.own_sm90 import OVERLAP_ENV, knobs_from_env
+    adapters run the overlap kernel, ``=pingpong`` the overlap + ping-pong one, a
+    comma-separated list of knob names those knobs (``pingpong`` bringing ``overlap``); unset,
+    empty or 0 keeps the default, anything else fails loudly, naming the variable and the
+    allowed values (a typo must not pass off the default kernel's results as a variant's)."""
+    from attention_crossval.kernel.adapters.own_sm90 import KNOBS, OVERLAP_ENV, knobs_from_env
 
     monkeypatch.delenv(OVERLAP_ENV, raising=False)
     assert knobs_from_env() == {}
     pingpong = {"overlap": True, "pingpong": True}
-    for value, expected in (("", {}), ("0", {}), ("1", {"overlap": True}), ("pingpong", pingpong)):
+    lf = {"overlap": True, "longest_first": True}
+    for value, expected in (
+        ("", {}), ("0", {}), ("1", {"overlap": True}), ("pingpong", pingpong),
+        ("overlap,longest_first", lf), ("longest_first, overlap", lf), ("pingpong", pingpong),
+        ("pingpong,longest_first", {**pingpong, "longest_first": True}),
+        (",".join(KNOBS), dict.fromkeys(KNOBS, True)),
+    ):  # fmt: skip
         monkeypatch.setenv(OVERLAP_ENV, value)
-        assert knobs_from_env() == expected
-    monkeypatch.setenv(OVERLAP_ENV, "yes")
-    with pytest.raises(ValueError, match=OVERLAP_ENV):
-        knobs_from_env()
+        assert knobs_from_env() == expected, value
+    for bad in ("yes", "overlap,typo", "overlap,,longest_first", "overlap,1"):
+        monkeypatch.setenv(OVERLAP_ENV, bad)
+        with pytest.raises(ValueError, match=OVERLAP_ENV) as error:
+            knobs_from_env()
+        assert "longest_first" in str(error.value)
+
+
+@pytest.mark.cpu
+def test_own_sm90_smem_epilogue_checks_out_alignment() -> None:
+    """The launch refuses ``smem_epilogue`` on an ``out`` the kernel's 16-byte O stores would
+    misalign (an offset base or a stride not a multiple of 16 bytes), before any compile; the
+    other variants never look."""
+    from attention_crossval.kernel.adapters.own_sm90 import _check_out_alignment
+
+    class Out:  # the three torch.Tensor methods the check reads
+        def __init__(self, ptr: int, stride: tuple[int, ...]) -> None:
+            self.ptr, self.strides = ptr, stride
+
+        def element_size(self) -> int:
+            return 2
+
+        def data_ptr(self) -> int:
+            return self.ptr
+
+        def stride(self) -> tuple[int, ...]:
+            return self.strides
+
+    on = {"smem_epilogue": True}
+    _check_out_alignment(Out(4096, (2048 * 128, 1024, 128, 1)), on)
+    _check_out_alignment(Out(4098, (8, 8, 1, 1)), {"overlap": True})
+    for bad in (Out(4098, (2048 * 128, 1024, 128, 1)), Out(4096, (2048 * 128, 1028, 128, 1))):
+        with pytest.raises(ValueError, match="smem_epilogue"):
+            _check_out_alignment(bad, on)
 
 
 def _case(

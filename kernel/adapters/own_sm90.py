@@ -17,10 +17,13 @@ Both adapters run the kernel's default configuration unless the environment vari
 ``ATTENTION_CROSSVAL_SM90_OVERLAP`` is set when they launch: ``1`` runs it with ``overlap=True``
 (kernel/sm90/fwd.py: intra-warpgroup overlap of the softmax with the WGMMAs), ``pingpong`` with
 ``overlap=True, pingpong=True`` (the two consumer warpgroups also take turns issuing their
-WGMMAs); both ran on the H200 in benchmarks/bench_own_sm90.py only. This is for development, so that
-``pytest -m gpu --kernel own-sm90`` can put a variant through the whole suite; it stays a
-switch, not the default, until a GPU run decides. Benchmarks choose a variant directly with the
-``overlap`` / ``pingpong`` arguments of :func:`launch` and :func:`launch_full`.
+WGMMAs); both ran on the H200 in benchmarks/bench_own_sm90.py only. A comma-separated list of
+:data:`KNOBS` names turns those knobs on (``pingpong`` bringing ``overlap``), e.g.
+``overlap,longest_first,smem_epilogue``; ``longest_first`` (causal tiles in decreasing work
+order) and ``smem_epilogue`` (O through shared memory, TMA store) are compiled only, never run.
+This is for development, so that ``pytest -m gpu --kernel own-sm90`` can put a variant through
+the whole suite; it stays a switch, not the default, until a GPU run decides. Benchmarks choose
+a variant directly with the knob arguments of :func:`launch` and :func:`launch_full`.
 
 Kernels are compiled once per variant and cached for the process; B, H, Sq, Sk and all strides
 are dynamic, so guard-banded views go straight to the kernel. torch and cutlass are imported
@@ -43,6 +46,9 @@ TILE_N = 128
 # own-sm90-full adds lengths and window bounds to row indices in int32 (kernel/common/mask.py):
 # every sum stays below 2 Sq + Sk, inside int32 with both lengths at most 2^29.
 FULL_MAX_SEQLEN = 1 << 29
+# The kernel's compile-time knobs the adapters pass through (kernel/sm90/fwd.py), all off by
+# default; each combination is compiled and cached apart.
+KNOBS = ("overlap", "pingpong", "longest_first", "smem_epilogue")
 # The registered adapters' kernel variant (development switch): value -> launch knobs.
 OVERLAP_ENV = "ATTENTION_CROSSVAL_SM90_OVERLAP"
 ENV_VARIANTS: dict[str, dict[str, bool]] = {
@@ -54,12 +60,24 @@ ENV_VARIANTS: dict[str, dict[str, bool]] = {
 
 
 def knobs_from_env() -> dict[str, bool]:
-    """The knobs :data:`OVERLAP_ENV` asks for (:data:`ENV_VARIANTS`; unset is the default
-    kernel); any other value is an error (a typo must not silently test the default)."""
+    """The knobs :data:`OVERLAP_ENV` asks for: one of :data:`ENV_VARIANTS` (unset is the default
+    kernel), or a comma-separated list of :data:`KNOBS` names, each turned on (``pingpong``
+    implies ``overlap``, as its single value does). Anything else is an error naming the
+    variable and the allowed values (a typo must not silently test the default)."""
     value = os.environ.get(OVERLAP_ENV, "")
-    if value not in ENV_VARIANTS:
-        raise ValueError(f"{OVERLAP_ENV}={value!r}: use one of {sorted(ENV_VARIANTS)}")
-    return ENV_VARIANTS[value]
+    if value in ENV_VARIANTS:
+        return dict(ENV_VARIANTS[value])
+    names = [name.strip() for name in value.split(",")]
+    unknown = [name for name in names if name not in KNOBS]
+    if unknown:
+        raise ValueError(
+            f"{OVERLAP_ENV}={value!r}: unknown {unknown}; use one of {sorted(ENV_VARIANTS)} or a "
+            f"comma-separated list of {list(KNOBS)}"
+        )
+    knobs = dict.fromkeys(names, True)
+    if knobs.get("pingpong"):
+        knobs["overlap"] = True
+    return knobs
 
 
 def _spec() -> KernelSpec:
@@ -131,13 +149,20 @@ def launch(
     causal: bool,
     overlap: bool = False,
     pingpong: bool = False,
+    longest_first: bool = False,
+    smem_epilogue: bool = False,
 ) -> None:
     """Run the kernel on torch CUDA tensors (see :func:`kernel.adapters._cute.launch`);
-    ``overlap`` and ``pingpong`` pick the kernel's knobs of those names (each variant compiled
-    and cached apart)."""
+    ``overlap``, ``pingpong``, ``longest_first`` and ``smem_epilogue`` pick the kernel's knobs
+    of those names (each variant compiled and cached apart)."""
+    knobs = {
+        "overlap": overlap, "pingpong": pingpong, "longest_first": longest_first,
+        "smem_epilogue": smem_epilogue,
+    }  # fmt: skip
+    _check_out_alignment(out, knobs)
     _cute.launch(
-        "own-sm90", partial(_make_kernel, overlap=overlap, pingpong=pingpong), q, k, v, out, lse,
-        softmax_scale, causal=causal, variant=_variant(overlap, pingpong),
+        "own-sm90", partial(_make_kernel, **knobs), q, k, v, out, lse, softmax_scale,
+        causal=causal, variant=_variant(knobs),
     )  # fmt: skip
 
 
@@ -155,31 +180,51 @@ def launch_full(
     *,
     overlap: bool = False,
     pingpong: bool = False,
+    longest_first: bool = False,
+    smem_epilogue: bool = False,
 ) -> None:
     """``own-sm90-full``'s launch (never run): Hq a multiple of Hkv, int32 ``[B]`` CUDA lengths
     (the padded extents where a case has none), ``window`` from :func:`window_bounds`;
-    ``overlap`` and ``pingpong`` as in :func:`launch`."""
+    the knobs as in :func:`launch`."""
+    knobs = {
+        "overlap": overlap, "pingpong": pingpong, "longest_first": longest_first,
+        "smem_epilogue": smem_epilogue,
+    }  # fmt: skip
+    _check_out_alignment(out, knobs)
     _cute.launch(
-        "own-sm90-full", partial(_make_kernel, overlap=overlap, pingpong=pingpong), q, k, v, out,
-        lse, softmax_scale, causal=causal, gqa=True, lengths=(q_lengths, k_lengths),
-        window=window, variant=_variant(overlap, pingpong),
+        "own-sm90-full", partial(_make_kernel, **knobs), q, k, v, out, lse, softmax_scale,
+        causal=causal, gqa=True, lengths=(q_lengths, k_lengths), window=window,
+        variant=_variant(knobs),
     )  # fmt: skip
 
 
-def _variant(overlap: bool, pingpong: bool) -> tuple[str, ...]:
-    """The compile-cache key part of the knobs (empty for the default kernel)."""
-    return tuple(name for name, on in (("overlap", overlap), ("pingpong", pingpong)) if on)
+def _check_out_alignment(out: Any, knobs: dict[str, bool]) -> None:
+    """``smem_epilogue`` stores O in 16-byte pieces (a TMA store, or 16-byte chunks of rows
+    under varlen), which the kernel compiles assuming: ``out`` 16-byte aligned, its S, H and B
+    strides multiples of 16 bytes (the TMA loads need the same of q, k and v)."""
+    if not knobs.get("smem_epilogue"):
+        return
+    per_chunk = 16 // out.element_size()
+    if out.data_ptr() % 16 or any(stride % per_chunk for stride in out.stride()[:3]):
+        raise ValueError(
+            f"smem_epilogue needs out 16-byte aligned with strides in multiples of {per_chunk} "
+            f"elements but for the last: data_ptr % 16 = {out.data_ptr() % 16}, strides "
+            f"{tuple(out.stride())}"
+        )
 
 
-def _make_kernel(
-    dtype: str, head_dim: int, causal: bool, *, overlap: bool = False, pingpong: bool = False
-) -> Any:
+def _variant(knobs: dict[str, bool]) -> tuple[str, ...]:
+    """The compile-cache key part of the knobs: the names turned on, in :data:`KNOBS` order
+    (empty for the default kernel)."""
+    return tuple(name for name in KNOBS if knobs.get(name))
+
+
+def _make_kernel(dtype: str, head_dim: int, causal: bool, **knobs: bool) -> Any:
     from attention_crossval.kernel.sm90.fwd import FlashAttentionForwardSm90
 
     return FlashAttentionForwardSm90(
-        dtype, head_dim, causal, num_consumer_wg=NUM_CONSUMER_WG, tile_n=TILE_N,
-        overlap=overlap, pingpong=pingpong,
-    )  # fmt: skip
+        dtype, head_dim, causal, num_consumer_wg=NUM_CONSUMER_WG, tile_n=TILE_N, **knobs
+    )
 
 
 def create() -> OwnSm90Adapter:

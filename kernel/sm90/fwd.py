@@ -12,7 +12,8 @@ Structure (one CTA per ``tile_m`` query rows of one (batch, head)):
   ``row < seqlen_q`` predicate, and the natural-log LSE (``-inf`` for empty rows).
 
 By default kept simple rather than fast: each WGMMA is waited for (``wait_group(0)``) before the
-next step, so the softmax never overlaps tensor-core work; no TMA store, no persistent scheduler.
+next step, so the softmax never overlaps tensor-core work; no TMA store, no persistent scheduler
+(the knobs below change each of these; all default off).
 This default is the configuration run and checked on the H200.
 
 The knob ``overlap=True`` (run on the H200 only by benchmarks/bench_own_sm90.py, 2026-12-01: 8-11 %
@@ -36,6 +37,25 @@ other does its softmax. The first warpgroup's barrier gets one arrive before the
 turn), so one arrive stays pending at exit, as in FlashAttention. Both warpgroups walk the same
 blocks (the block range is the CTA's), so their turns pair up; the varlen V-row zeroing, which
 syncs both warpgroups, runs before a warpgroup waits for its turn, never inside it.
+
+The knob ``longest_first=True`` (COMPILED ONLY, never run) reverses the CTA -> query tile map
+for causal or windowed kernels (:func:`tile_for_block`: ``m_block = gridDim.x - 1 -
+blockIdx.x``), so the hardware, which launches CTAs in index order, starts the tiles with the most
+KV blocks first and fills the tail of the grid with the short ones (FlashAttention's LPT order,
+without its L2 swizzle of heads). ``m_block`` is set once at the top of :meth:`kernel`, so the
+loads, the block range, the masks and the epilogue all see the same tile. Without causal or a
+window every tile has the same work and the knob compiles to the default kernel.
+
+The knob ``smem_epilogue=True`` (COMPILED ONLY, never run) replaces the epilogue's per-element
+predicated 2-byte global stores (64 ``st.global.b16`` per thread at D = 128) by wide ones
+(:meth:`epilogue_smem`): O, normalized and converted, goes by ``stmatrix`` into the Q buffer
+(Q's layout, 128-byte swizzle, is the O tile's; no extra shared memory: 164864 bytes at D = 128,
+82944 at D = 64, as without the knob), then without varlen one TMA store of the tile (the TMA
+unit clips it at the tensor's padded ``S``, which is then ``seqlen_q``), and with varlen
+(``seqused_q``: rows past it must stay unwritten, which a box clipped at ``S`` would not honour)
+16-byte row chunks through registers with a row predicate. It needs ``o`` 16-byte aligned with S,
+H and B strides in multiples of 16 bytes (the adapters' launch checks). The LSE is written as
+before.
 
 Layouts: q, k, v, o ``[B, S, H, D]`` with unit stride on D (any other strides, e.g. guard-banded
 views), lse ``[B, H, Sq]`` float32; B, H, Sq, Sk dynamic; D static (64 or 128); bottom-right
@@ -96,6 +116,8 @@ ROWS_PER_WG = 64  # the WGMMA M extent
 CONSUMER_BARRIER = 1  # named barrier of the consumer warpgroups (0 is __syncthreads)
 # pingpong: consumer warpgroup w waits on named barrier SCHEDULER_BARRIER + w for its turn.
 SCHEDULER_BARRIER = 2
+# smem_epilogue: the consumer warpgroups meet here once O is in shared memory (after 2 and 3).
+EPILOGUE_BARRIER = 4
 
 
 def acc_rows_cols(acc: cute.Tensor) -> cute.Tensor:
@@ -131,6 +153,15 @@ def acc_as_operand_a(acc: cute.Tensor) -> cute.Tensor:
     return cute.make_tensor(acc.iterator, layout)
 
 
+def tile_for_block(block_x: Int32, num_m_blocks: Int32, longest_first: bool) -> Int32:
+    """The query tile (m_block) CTA ``block_x`` of ``num_m_blocks`` computes: itself, or with
+    ``longest_first`` the reversed order, so the tiles with the most KV blocks under a causal
+    mask (the last ones) are launched first and the short ones fill the tail of the grid
+    (FlashAttention's LPT order, without its L2 swizzle of heads). A permutation of
+    ``range(num_m_blocks)``; plain arithmetic, so the CPU tests replay it on Python ints."""
+    return num_m_blocks - 1 - block_x if longest_first else block_x
+
+
 class FlashAttentionForwardSm90:
     """Static knobs in ``__init__``; ``__call__`` is the host launch (a ``cute.jit`` function)."""
 
@@ -145,6 +176,8 @@ class FlashAttentionForwardSm90:
         kv_stages: int = 2,
         overlap: bool = False,
         pingpong: bool = False,
+        longest_first: bool = False,
+        smem_epilogue: bool = False,
     ) -> None:
         if dtype not in DTYPES:
             raise ValueError(f"dtype={dtype!r} must be one of {sorted(DTYPES)}")
@@ -167,6 +200,8 @@ class FlashAttentionForwardSm90:
         self.kv_stages = kv_stages
         self.overlap = overlap
         self.pingpong = pingpong
+        self.longest_first = longest_first
+        self.smem_epilogue = smem_epilogue
         self.num_threads = WG_THREADS * (1 + num_consumer_wg)
         # setmaxnreg: the producer gives registers to the consumers (65536 per SM, 1 CTA).
         self.regs_load = 24
@@ -233,6 +268,26 @@ class FlashAttentionForwardSm90:
         tma_v, mV_tma = cute.nvgpu.cpasync.make_tiled_tma_atom(
             load_op, mV, cute.slice_(sV_layout, (None, None, 0)), (self.head_dim, self.tile_n)
         )
+        # smem_epilogue (not varlen): O goes out by a TMA store from the Q buffer, whose layout
+        # (tile_m x D, 128-byte swizzle, row-major) is the O tile's too.
+        tma_o = None
+        if cutlass.const_expr(self.smem_epilogue and seqused_q is None):
+            tma_o, mO = cute.nvgpu.cpasync.make_tiled_tma_atom(
+                cute.nvgpu.cpasync.CopyBulkTensorTileS2GOp(),
+                mO,
+                cute.slice_(sQ_layout, (None, None, 0)),
+                (self.tile_m, self.head_dim),
+            )
+        if cutlass.const_expr(self.smem_epilogue and seqused_q is not None):
+            # Varlen: O rows go out in 16-byte chunks, so the row, head and batch strides of o
+            # must be multiples of 16 bytes (as the TMA loads need of q, k, v); the adapter's
+            # launch checks it (kernel/adapters/own_sm90.py).
+            per_chunk = 128 // dtype.width
+            strides = tuple(
+                st if i == 1 else cute.assume(st, divby=per_chunk)
+                for i, st in enumerate(mO.layout.stride)
+            )
+            mO = cute.make_tensor(mO.iterator, cute.make_layout(mO.layout.shape, stride=strides))
         self.q_bytes = cute.size_in_bytes(dtype, cute.slice_(sQ_layout, (None, None, 0)))
         self.kv_bytes = cute.size_in_bytes(dtype, cute.slice_(sK_layout, (None, None, 0)))
 
@@ -268,6 +323,7 @@ class FlashAttentionForwardSm90:
             seqused_k,
             window_left,
             window_right,
+            tma_o,
         ).launch(
             grid=grid,
             block=[self.num_threads, 1, 1],
@@ -298,9 +354,15 @@ class FlashAttentionForwardSm90:
         seqused_k: cute.Tensor | None,
         window_left: Int32 | None,
         window_right: Int32 | None,
+        tma_o: cute.CopyAtom | None,
     ) -> None:
         tidx, _, _ = cute.arch.thread_idx()
-        m_block, head, batch = cute.arch.block_idx()
+        block_x, head, batch = cute.arch.block_idx()
+        # The query tile: blockIdx.x, or reversed (longest_first, only where the tiles' work
+        # differs: causal or windowed). Every later use of the tile reads this one m_block.
+        m_block = block_x
+        if cutlass.const_expr(self.longest_first and (self.causal or window_left is not None)):
+            m_block = tile_for_block(block_x, cute.arch.grid_dim()[0], True)
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg_idx = cute.arch.make_warp_uniform(tidx // WG_THREADS)
 
@@ -388,6 +450,7 @@ class FlashAttentionForwardSm90:
                 seqlen_k,
                 extent_k,
                 window,
+                tma_o,
             )
 
     @cute.jit
@@ -468,11 +531,12 @@ class FlashAttentionForwardSm90:
         seqlen_k: Int32,
         extent_k: Int32 | None,
         window: tuple[Int32 | None, Int32 | None],
+        tma_o: cute.CopyAtom | None = None,
     ) -> None:
         """Consumer warpgroups: the KV loop (QK^T, mask, online softmax, rescale, PV), then the
         epilogue. ``tidx`` counts from the first consumer thread; ``blocks`` is
         :func:`kv_block_range`'s answer; ``extent_k`` (varlen only) the rows of the K/V
-        tensors."""
+        tensors; ``tma_o`` the TMA store atom of ``mO`` (``smem_epilogue``, not varlen)."""
         n_block_min, n_block_max, n_unmasked_min, n_unmasked_max = blocks
         qk_thr = qk_mma.get_slice(tidx)
         pv_thr = pv_mma.get_slice(tidx)
@@ -547,7 +611,13 @@ class FlashAttentionForwardSm90:
                 warpgroup.wait_group(0)
                 v_handle.release()
 
-        self.epilogue(softmax, acc_O, pv_thr, mO, mLSE, tidx, m_block, head, batch, seqlen_q)
+        if cutlass.const_expr(self.smem_epilogue):
+            self.epilogue_smem(
+                softmax, acc_O, pv_mma, tma_o, sQ[None, None, 0], mO, mLSE, tidx, m_block, head,
+                batch, seqlen_q,
+            )  # fmt: skip
+        else:
+            self.epilogue(softmax, acc_O, pv_thr, mO, mLSE, tidx, m_block, head, batch, seqlen_q)
 
     @cute.jit
     def kv_loop_overlap(
@@ -804,6 +874,106 @@ class FlashAttentionForwardSm90:
                 row = row0 + cO_mn[r, 0][0]
                 if row < seqlen_q:
                     gLSE[row] = lse[r]
+
+    @cute.jit
+    def epilogue_smem(
+        self,
+        softmax: OnlineSoftmax,
+        acc_O: cute.Tensor,
+        pv_mma: cute.TiledMma,
+        tma_o: cute.CopyAtom | None,
+        sO: cute.Tensor,
+        mO: cute.Tensor,
+        mLSE: cute.Tensor,
+        tidx: Int32,
+        m_block: Int32,
+        head: Int32,
+        batch: Int32,
+        seqlen_q: Int32,
+    ) -> None:
+        """``smem_epilogue``: ``O / row_sum`` in the input dtype into the Q buffer ``sO`` by
+        ``stmatrix`` (16-byte rows of 8 x 8 blocks; the 128-byte swizzle puts a block's 8 rows
+        in 8 different bank groups), the two warpgroups meet, then
+
+        * ``tma_o`` given (not varlen): the first consumer thread issues one TMA store of the
+          whole ``tile_m x D`` tile, clipped by the TMA unit at the tensor's row extent (the
+          padded ``S``, which is ``seqlen_q`` here), and waits until the TMA unit has read the
+          buffer (the CTA must not exit before);
+        * ``tma_o`` None (varlen: rows past ``seqused_q`` must stay unwritten, which a TMA box
+          clipped at ``S`` would not honour): every consumer thread copies 16-byte chunks from
+          ``sO`` to global memory, one row per chunk, only rows below ``seqlen_q``.
+
+        The LSE as :meth:`epilogue` writes it. Reusing Q's buffer is safe without waiting for
+        the other warpgroup: a warpgroup's QK^T WGMMAs read only its own 64 rows of ``sQ`` (both
+        MMAs tile M by warpgroup), all of them are complete (``wait_group(0)``) before its
+        epilogue, and it writes only its own 64 rows of ``sO``. The generic-proxy writes are
+        fenced for the async proxy (the TMA store) before the barrier."""
+        acc_O_mn = acc_rows_cols(acc_O)
+        num_rows = cute.size(acc_O_mn, mode=[0])
+        inv_sum = cute.make_rmem_tensor(cute.make_layout(num_rows), Float32)
+        lse = cute.make_rmem_tensor(cute.make_layout(num_rows), Float32)
+        softmax.finalize(inv_sum, lse)
+        rescale_rows(acc_O_mn, inv_sum)
+        rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
+        rO.store(acc_O.load().to(self.dtype))
+
+        store_atom = sm90_utils.get_smem_store_op(LayoutEnum.ROW_MAJOR, self.dtype, Float32)
+        smem_copy = cute.make_tiled_copy_C(store_atom, pv_mma).get_slice(tidx)
+        cute.copy(smem_copy, smem_copy.retile(rO), smem_copy.partition_D(sO))
+        cute.arch.fence_proxy("async.shared", space="cta")
+        num_threads = WG_THREADS * self.num_consumer_wg
+        cute.arch.barrier(barrier_id=EPILOGUE_BARRIER, number_of_threads=num_threads)
+        row0 = m_block * self.tile_m
+        gO = cute.local_tile(
+            mO[None, None, head, batch], (self.tile_m, self.head_dim), (m_block, 0)
+        )
+        if cutlass.const_expr(tma_o is not None):
+            if tidx == 0:
+                tOsO, tOgO = cute.nvgpu.cpasync.tma_partition(
+                    tma_o, 0, cute.make_layout(1), cute.group_modes(sO, 0, 2),
+                    cute.group_modes(gO, 0, 2),
+                )  # fmt: skip
+                cute.copy(tma_o, tOsO, tOgO)
+                cute.arch.cp_async_bulk_commit_group()
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
+        else:
+            self.store_rows_from_smem(sO, gO, tidx, seqlen_q - row0)
+
+        cO_mn = acc_rows_cols(
+            pv_mma.get_slice(tidx).partition_C(
+                cute.make_identity_tensor((self.tile_m, self.head_dim))
+            )
+        )
+        gLSE = mLSE[None, head, batch]
+        if tidx % 4 == 0:  # the first lane of each row's quad
+            for r in cutlass.range_constexpr(num_rows):
+                row = row0 + cO_mn[r, 0][0]
+                if row < seqlen_q:
+                    gLSE[row] = lse[r]
+
+    @cute.jit
+    def store_rows_from_smem(
+        self, sO: cute.Tensor, gO: cute.Tensor, tidx: Int32, valid_rows: Int32
+    ) -> None:
+        """Copy the ``tile_m x D`` tile ``sO`` to ``gO`` in 16-byte chunks (8 elements of a row;
+        consecutive threads take consecutive chunks of a row), only rows ``< valid_rows``."""
+        chunk = 128 // self.dtype.width
+        chunks_per_row = self.head_dim // chunk
+        num_threads = WG_THREADS * self.num_consumer_wg
+        copy = cute.make_tiled_copy_tv(
+            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=128),
+            cute.make_ordered_layout((num_threads // chunks_per_row, chunks_per_row), order=(1, 0)),
+            cute.make_layout((1, chunk)),
+        )
+        thr = copy.get_slice(tidx)
+        tOsO = thr.partition_S(sO)
+        tOgO = thr.partition_D(gO)
+        tOcO = thr.partition_S(cute.make_identity_tensor((self.tile_m, self.head_dim)))
+        tOrO = cute.make_rmem_tensor_like(tOsO, self.dtype)
+        cute.autovec_copy(tOsO, tOrO)
+        for m in cutlass.range_constexpr(cute.size(tOrO, mode=[1])):
+            if tOcO[0, m, 0][0] < valid_rows:
+                cute.copy(copy, tOrO[None, m, None], tOgO[None, m, None])
 
     # ------------------------------------------------------------------ compile-only
 
