@@ -2,17 +2,18 @@
 
 Run (on an H100/H200 with flash-attn-cute, from the repository root):
 ``python benchmarks/bench_own_sm90.py`` (``--variants default,overlap,pingpong``: names from
-:data:`VARIANTS`, :data:`DEFAULT_VARIANTS` when omitted; ``--rows 0,3``,
-``--warmup MS --rep MS`` for ``triton.testing.do_bench``). For each row of :data:`ROWS` (bf16,
-Hq = Hkv, Sq = Sk) it times, by ``do_bench``'s median, each own variant
-(kernel/adapters/own_sm90.py ``launch`` with that variant's knobs), flash_attn.cute's SM90
-forward and cuDNN through torch SDPA, and prints the machine, then a markdown table: TFLOP/s
-(``4 B H S^2 D``, halved when causal) per kernel, the best own variant over flash_attn.cute, and
-per own variant ``max|own - FA|`` over the outputs and the NaN count of its output (a fast wrong
-kernel is no result). A kernel that fails prints NaN in its cells and its traceback to stderr;
-the others go on. Compiles happen on first use (cached per dtype, D and causal), outside the
-timing. torch, triton and flash_attn are imported only inside functions, so ``--help`` works
-on a machine without them.
+:data:`VARIANTS`, :data:`DEFAULT_VARIANTS` when omitted; ``--rows 0,3``, ``--warmup MS --rep MS``
+for ``triton.testing.do_bench``). For each row of :data:`ROWS` (bf16, Hq = Hkv, Sq = Sk) it times,
+by ``do_bench``'s median, each own variant (kernel/adapters/own_sm90.py ``launch`` with that
+variant's knobs), flash_attn.cute's SM90 forward and cuDNN through torch SDPA, and prints the
+machine, then a markdown table: TFLOP/s (``4 B H S^2 D``, halved when causal) per kernel, the best
+own variant over flash_attn.cute, and per own variant ``max|own - FA|`` over the outputs and the
+NaN count of its output (a fast wrong kernel is no result). A kernel that fails prints NaN in its
+cells and its traceback to stderr; the others go on. Each measurement and each finished row are
+printed as they come (the peers first, never-run variants last), so a kernel that hangs under
+``timeout`` loses only the rest. Compiles happen on first use (cached per dtype, D and causal),
+outside the timing. torch, triton and flash_attn are imported only inside functions, so ``--help``
+works on a machine without them.
 """
 
 from __future__ import annotations
@@ -51,11 +52,11 @@ VARIANTS: dict[str, dict[str, bool]] = {
     "all": {"overlap": True, "pingpong": True, "longest_first": True, "smem_epilogue": True},
 }
 # The variants run without --variants: each compiles once per (D, causal) of the rows (4
-# compiles of a few seconds each), so four variants keep the default run of all 8 rows near
-# four minutes. ``overlap`` is the anchor (measured 2026-12-01); without causal
-# ``longest_first`` changes nothing, so there ``overlap+lf+smem`` against ``overlap`` is the
-# epilogue alone.
-DEFAULT_VARIANTS = ("overlap", "overlap+lf", "overlap+lf+smem", "all")
+# compiles of a few seconds each). ``default`` is what ``own-sm90`` runs and ``overlap`` the
+# anchor (both measured 2026-12-01); without causal ``longest_first`` changes nothing, so there
+# ``overlap+lf+smem`` against ``overlap`` is the epilogue alone. Never-run variants come last:
+# a kernel that hangs stops the run, and every row and measurement before it is printed already.
+DEFAULT_VARIANTS = ("default", "overlap", "overlap+lf", "overlap+lf+smem", "all")
 NAN = float("nan")
 
 
@@ -90,7 +91,7 @@ def row(
     flops = 4 * B * H * S * S * D / (2 if causal else 1)
     outs = {name: torch.full_like(q, float("nan")) for name in [*variants, "fa"]}
     lses = {name: torch.zeros(B, H, S, device="cuda") for name in outs}
-    calls: dict[str, Callable[[], object]] = {}
+    calls: dict[str, Callable[[], object]] = {}  # the peers first, then the own variants
     for name in variants:
 
         def own(name: str = name) -> None:
@@ -117,10 +118,13 @@ def row(
                 qt, kt, vt, is_causal=causal, scale=scale
             )
 
-    calls["fa"], calls["cudnn"] = fa, cudnn
+    calls = {"fa": fa, "cudnn": cudnn, **calls}
     fa.__name__ = f"flash_attn.cute {B}x{H}x{S} D={D} causal={causal}"
     cudnn.__name__ = f"cuDNN SDPA {B}x{H}x{S} D={D} causal={causal}"
-    result: dict[str, Any] = {name: timed(flops, call, warmup, rep) for name, call in calls.items()}
+    result: dict[str, Any] = {}
+    for name, call in calls.items():
+        result[name] = timed(flops, call, warmup, rep)
+        print(f"  {call.__name__}: {result[name]:.0f} TFLOP/s", flush=True)
     for name in variants:
         out = outs[name].float()
         result[f"nan {name}"] = int(out.isnan().sum().item())
@@ -128,21 +132,24 @@ def row(
     return result
 
 
-def table(results: list[tuple[tuple[int, int, int, int, bool], dict]], variants: list[str]) -> str:
-    """The markdown table of :func:`row` results."""
+def table_head(variants: list[str]) -> str:
+    """The markdown table's header (its rows: :func:`table_line`)."""
     head = ["shape (B, H, S, D)", "causal", *(f"own {v}" for v in variants), "FA cute", "cuDNN"]
     head += ["best own / FA", *(f"max\\|{v}-FA\\|" for v in variants)]
     head += [f"NaN {v}" for v in variants]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for (B, H, S, D, causal), r in results:
-        best = max((r[v] for v in variants if r[v] == r[v]), default=NAN)
-        cells = [f"{B}x{H}x{S}x{D}", "yes" if causal else "no"]
-        cells += [f"{r[name]:.0f}" for name in [*variants, "fa", "cudnn"]]
-        cells.append(f"{best / r['fa']:.2f}")
-        cells += [f"{r[f'diff {v}']:.3g}" for v in variants]
-        cells += [str(r[f"nan {v}"]) for v in variants]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return "| " + " | ".join(head) + " |\n" + "|" + "---|" * len(head)
+
+
+def table_line(shape: tuple[int, int, int, int, bool], r: dict, variants: list[str]) -> str:
+    """One markdown row of a :func:`row` result."""
+    B, H, S, D, causal = shape
+    best = max((r[v] for v in variants if r[v] == r[v]), default=NAN)
+    cells = [f"{B}x{H}x{S}x{D}", "yes" if causal else "no"]
+    cells += [f"{r[name]:.0f}" for name in [*variants, "fa", "cudnn"]]
+    cells.append(f"{best / r['fa']:.2f}")
+    cells += [f"{r[f'diff {v}']:.3g}" for v in variants]
+    cells += [str(r[f"nan {v}"]) for v in variants]
+    return "| " + " | ".join(cells) + " |"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -171,15 +178,17 @@ def main(argv: list[str] | None = None) -> None:
         f"GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; CPU: {cpu_model()}",
         flush=True,
     )
-    results = []
+    lines = [table_head(variants)]
     for shape in rows:
+        print(f"row {shape}:", flush=True)
         try:
-            results.append((shape, row(*shape, variants, args.warmup, args.rep)))
+            lines.append(table_line(shape, row(*shape, variants, args.warmup, args.rep), variants))
+            print(lines[-1], flush=True)  # kept if a later kernel hangs
         except Exception:  # noqa: BLE001 - e.g. out of memory: the next row
             print(f"--- row {shape} failed:", file=sys.stderr)
             traceback.print_exc()
         print(f"row {shape} done at {time.perf_counter() - start:.0f} s", flush=True)
-    print(table(results, variants))
+    print("\n".join(lines))
     print(f"total {time.perf_counter() - start:.0f} s")
 
 
