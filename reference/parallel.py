@@ -5,6 +5,13 @@ bound of every (batch, query head): each runs on a *head case* (batch b and quer
 with its kv head, lengths, sink and explicit-mask slice) in a forked worker that inherits the
 case, so nothing but the (b, h) index and the compact result crosses a pipe. On a 16-core host
 this divides the CPU phases of a long case by up to 16 (docs/long-context.md#parallel).
+
+Each worker runs its BLAS on one thread (``threadpoolctl``): the workers already share the
+cores, and a BLAS that sizes its pool to the machine in every worker oversubscribes it. That
+happens where numpy is loaded before ``OPENBLAS_NUM_THREADS=1`` can take effect (a pytest plugin
+importing it first): the likely reason why the bound of a 64k prefill took 20.9 s under pytest on
+the H200's 16-core host and 1.5 s in the benchmark, which sets the variable first (not yet
+confirmed there).
 """
 
 from __future__ import annotations
@@ -18,6 +25,14 @@ from typing import Any
 from attention_crossval.reference.case import AttentionCase, Mask
 
 _JOB: tuple[AttentionCase, Callable[[AttentionCase, int, int], Any]] | None = None
+_LIMITS: list[Any] = []  # the worker's BLAS limit, kept for the worker's life
+
+
+def _one_blas_thread() -> None:
+    """Pool initializer: this worker's BLAS on one thread, whatever the parent's pool size."""
+    from threadpoolctl import threadpool_limits
+
+    _LIMITS.append(threadpool_limits(limits=1, user_api="blas"))
 
 
 def head_case(case: AttentionCase, b: int, h: int) -> AttentionCase:
@@ -71,7 +86,7 @@ def map_heads(
         return [function(head_case(case, b, h), b, h) for b, h in heads]
     _JOB = (case, function)
     try:
-        with multiprocessing.get_context("fork").Pool(count) as pool:
+        with multiprocessing.get_context("fork").Pool(count, _one_blas_thread) as pool:
             return pool.map(_run, heads, chunksize=1)
     finally:
         _JOB = None
