@@ -13,7 +13,8 @@ Structure (one CTA per ``tile_m`` query rows of one (batch, head)):
 
 By default kept simple rather than fast: each WGMMA is waited for (``wait_group(0)``) before the
 next step, so the softmax never overlaps tensor-core work; no TMA store, no persistent scheduler
-(the knobs below change each of these; all default off).
+(the knobs below change each of these; all default off; the default kernel's PTX is unchanged by
+each knob's addition, checked byte for byte in 24 configurations).
 This default is the configuration run and checked on the H200.
 
 The knob ``overlap=True`` (run on the H200 only by benchmarks/bench_own_sm90.py, 2026-12-01: 8-11 %
@@ -56,6 +57,48 @@ unit clips it at the tensor's padded ``S``, which is then ``seqlen_q``), and wit
 16-byte row chunks through registers with a row predicate. It needs ``o`` 16-byte aligned with S,
 H and B strides in multiples of 16 bytes (the adapters' launch checks). The LSE is written as
 before.
+
+The knob ``persistent=True`` (COMPILED ONLY, never run; not with ``pingpong``, whose pending
+arrive would pile up once per tile, nor with ``smem_epilogue``, whose O in Q's buffer would race
+the next tile's Q load: both raise ValueError) launches ``min(num_tiles, max_ctas)`` CTAs (at
+least 1; ``max_ctas`` is a host ``Int32`` argument, the adapters pass the GPU's SM count) for the
+``num_tiles = m_blocks * H * B`` query tiles, and each CTA walks the linear tiles ``blockIdx.x,
+blockIdx.x + gridDim.x, ...`` (:meth:`run_persistent`), decoded by :func:`persistent_tile`:
+m_block fastest without causal or a window; with them longest-first (m_block descending) inside
+sections of (batch, head) pairs whose K and V fit in about 40 MB of L2 (:func:`lpt_section`;
+FlashAttention's LPT order), whether or not ``longest_first`` is set. Per tile the producer warp
+runs :meth:`load` and the consumers :meth:`consume` exactly as the one-tile kernel (fresh softmax
+state, O and masks, the tile's own batch lengths under varlen), and the epilogue stores from
+registers. Q has 2 stages (197632 bytes of shared memory at D = 128, 99328 at D = 64), so the
+next tile's Q load overlaps this tile's tail; the consumers release a Q stage after the tile's KV
+loop. The static round-robin leaves the causal load imbalance of the last wave(s) and gives CTA 0
+the longest tile of each wave; whether it beats the one-tile grid is for the H200 to say.
+
+Why every wait of the persistent kernel has its arrive (hang-safety), on every path:
+
+* both roles compute the same tile sequence (same ``blockIdx.x``, ``gridDim.x``, tile count and
+  decode) and per tile the same block range (:func:`kv_block_range` of the same lengths and
+  window), so the producer's sequence of Q, K and V stage fills is exactly the consumers'
+  sequence of waits, tile after tile; the pipeline states (stage, phase) continue across tiles
+  in both roles (``load``, ``consume`` and ``kv_loop_overlap`` return the participants and the
+  loops rebind them, so the DSL carries them; the CPU tests check no wait in the PTX has a
+  literal phase);
+* K/V: every consumer wait is followed, on the same path, by its release (both loops, the
+  overlap's first and last block), so each producer acquire of a stage waits for a release the
+  consumers reach without waiting on anything the producer has not issued yet (it issued every
+  earlier fill first);
+* Q: the producer fills Q for every tile, even one with no KV block (empty causal row range,
+  a tile past ``seqused_q``), and the consumers wait for it and release it after the KV loop
+  on every tile, empty or not (an empty tile runs no WGMMA and still writes O = 0, LSE =
+  -inf below ``seqlen_q``); the producer's Q acquire for tile ``j`` waits for the release of
+  tile ``j - 2``, which needs only fills issued before it;
+* the consumer warpgroups' named barrier (the varlen V-row zeroing) is met by both warpgroups
+  the same number of times per tile, since both walk the same tiles and blocks;
+* a CTA with no tile (only when ``num_tiles`` is 0: the grid is 1 then) runs zero iterations in
+  both roles and waits on nothing after the barrier-init ``__syncthreads`` every thread passes;
+  after its last tile the producer warp exits with its last loads in flight, which the
+  consumers wait for (no cluster, so no producer tail is needed), and the last Q and K/V
+  releases are arrives nobody waits for.
 
 Layouts: q, k, v, o ``[B, S, H, D]`` with unit stride on D (any other strides, e.g. guard-banded
 views), lse ``[B, H, Sq]`` float32; B, H, Sq, Sk dynamic; D static (64 or 128); bottom-right
