@@ -502,6 +502,144 @@ def test_sm90_smem_epilogue_copies_match_the_mma_layout(head_dim: int) -> None:
     assert sorted(tuple(x) for chunk in chunks for x in chunk) == everything
 
 
+# persistent: each role loops over the tiles with stride gridDim.x (one %nctaid.x read per role:
+# the producer warp's loop and the consumers'), the consumers release the Q stage once per tile
+# (Q's empty barriers sit 16 bytes into the barrier storage, after its two full barriers), and
+# no pipeline wait has a literal phase: every stage's phase is carried from tile to tile (the
+# one-tile kernel's first waits use the constant initial phase).
+PERSISTENT_Q_RELEASE = re.compile(r"mbarrier\.arrive\.shared\.b64 %rd\d+, \[%r\d+\+16\]")
+LITERAL_PHASE_WAIT = re.compile(r"mbarrier\.try_wait\.parity\.shared\.b64 P1, \[[^\]]*\], \d+,")
+# Shared memory of the persistent kernel (two Q stages), against the 227 KB an H100/H200 CTA
+# may use: 197632 bytes at D = 128 (164864 without the knob), 99328 at D = 64 (82944).
+PERSISTENT_SMEM = {64: 99328, 128: 197632}
+SM90_SMEM_LIMIT = 227 * 1024
+PERSISTENT_CONFIGS = [
+    ("bfloat16", 128, True, "plain", ("overlap",)),
+    ("float16", 128, False, "plain", ("overlap",)),
+    ("bfloat16", 64, True, "plain", ()),
+    ("float16", 64, False, "plain", ()),
+    ("bfloat16", 128, True, "varlen+window", ("overlap",)),
+    ("float16", 128, True, "varlen+window", ()),
+    ("bfloat16", 64, False, "varlen+window", ("overlap",)),
+    ("float16", 64, True, "varlen", ()),
+    ("bfloat16", 128, False, "varlen", ("overlap",)),
+]
+
+
+@pytest.mark.cpu
+@needs_cutlass
+@pytest.mark.parametrize(("dtype", "head_dim", "causal", "path", "knobs"), PERSISTENT_CONFIGS)
+def test_sm90_persistent_compiles_without_spills(
+    dtype: str,
+    head_dim: int,
+    causal: bool,
+    path: str,
+    knobs: tuple[str, ...],
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """``persistent=True`` (with or without ``overlap``; compiled, never run on a GPU yet)
+    builds without spills in shared memory an SM90 CTA has, and its PTX shows the tile loop:
+    both roles read ``%nctaid.x`` (the loop stride), the consumers release the Q stage once per
+    tile, and no pipeline wait uses a literal phase (the states continue across tiles; a state
+    restarted per tile would wait on the initial phase again, the hang or the stale read the
+    persistent kernel must not have). The overlap loops keep their ``wait_group 1``."""
+    varlen, window = "varlen" in path, "window" in path
+    kernel = _sm90(dtype, head_dim, causal, persistent=True, **dict.fromkeys(knobs, True))
+    options = f"--keep-ptx --dump-dir={tmp_path} remarks{{ptx}}"
+    ptx = _ptx(kernel.compile(options=options, varlen=varlen, window=window))
+    assert_sm90_ptx(ptx, dtype, head_dim)
+    assert ptx.count(LONGEST_FIRST_SREG) == 2
+    assert len(PERSISTENT_Q_RELEASE.findall(ptx)) == 1
+    assert not LITERAL_PHASE_WAIT.search(ptx)
+    if "overlap" in knobs:
+        assert ptx.count(OVERLAP_WAIT) == (3 if window else 2)
+    else:
+        assert OVERLAP_WAIT not in ptx
+    if varlen:
+        missing = [spelling for spelling in PTX_VARLEN_MUST_HAVE if spelling not in ptx]
+        assert not missing, f"PTX lacks {missing}"
+    size = kernel.shared_storage.size_in_bytes()
+    assert size == PERSISTENT_SMEM[head_dim] and size <= SM90_SMEM_LIMIT
+    assert_no_spills("".join(capfd.readouterr()))
+
+
+@pytest.mark.cpu
+@needs_cutlass
+def test_sm90_one_tile_kernel_waits_on_literal_phases(tmp_path: Path) -> None:
+    """The control of the literal-phase check above: the default kernel's first waits use the
+    constant initial phase, and it reads no ``%nctaid.x`` nor releases Q."""
+    ptx = _ptx(_sm90("bfloat16", 128, True).compile(options=f"--keep-ptx --dump-dir={tmp_path}"))
+    assert LITERAL_PHASE_WAIT.search(ptx)
+    assert LONGEST_FIRST_SREG not in ptx and not PERSISTENT_Q_RELEASE.search(ptx)
+
+
+@pytest.mark.cpu
+@needs_cutlass
+def test_sm90_persistent_implies_longest_first(tmp_path: Path) -> None:
+    """The persistent kernel orders causal tiles longest-first by itself: with or without the
+    ``longest_first`` knob it compiles to the same PTX."""
+    ptxs = [
+        _ptx(
+            _sm90("bfloat16", 128, True, overlap=True, persistent=True, longest_first=lf).compile(
+                options=f"--keep-ptx --dump-dir={tmp_path}"
+            )
+        )
+        for lf in (False, True)
+    ]
+    assert ptxs[0] == ptxs[1]
+
+
+@pytest.mark.cpu
+@needs_cutlass
+def test_sm90_persistent_forbidden_combinations() -> None:
+    """``persistent`` with ``pingpong`` (its pending arrive would pile up once per tile) or
+    with ``smem_epilogue`` (O in Q's buffer would race the next tile's Q load) is refused,
+    naming both knobs."""
+    for other in ("pingpong", "smem_epilogue"):
+        with pytest.raises(ValueError, match=f"persistent.*{other}"):
+            _sm90("bfloat16", 128, True, overlap=True, persistent=True, **{other: True})
+
+
+@pytest.mark.cpu
+@needs_cutlass
+def test_sm90_persistent_tile_walk_visits_every_tile_once() -> None:
+    """The persistent tile walk, replayed on Python ints with the kernel's own helpers: CTA
+    ``c`` of a grid of ``G`` takes tiles ``c, c + G, ...`` below the tile count, decoded by
+    :func:`persistent_tile`. For several shapes and grid sizes (1, a few, 132, exactly the
+    tile count, more than it: CTAs with no tile) every (m_block, head, batch) is visited exactly
+    once; in longest-first order (causal, windowed) each L2 section of (batch, head) pairs is
+    walked in non-increasing causal work, its pairs' K and V within :data:`LPT_L2_BYTES`; in the
+    natural order consecutive tiles walk m_block first, as the one-tile grid does."""
+    from attention_crossval.kernel.common.mask import kv_block_range
+    from attention_crossval.kernel.sm90.fwd import LPT_L2_BYTES, lpt_section, persistent_tile
+
+    for num_m, H, B, Sk in ((8, 16, 16, 1024), (32, 16, 4, 4096), (3, 5, 7, 300), (1, 1, 1, 5)):
+        num_hb, tiles = H * B, num_m * H * B
+        for lpt in (False, True):
+            section = lpt_section(Sk, 128, 2) if lpt else num_hb
+            assert not lpt or section == 1 or section * Sk * 2 * 128 * 2 <= LPT_L2_BYTES
+            order = [persistent_tile(t, num_m, H, num_hb, section, lpt) for t in range(tiles)]
+            every = {(m, h, b) for m in range(num_m) for h in range(H) for b in range(B)}
+            assert len(set(order)) == tiles and set(order) == every
+            for grid in (1, 3, 132, tiles, tiles + 5):
+                walks = [range(c, tiles, grid) for c in range(grid)]
+                visited = [order[t] for walk in walks for t in walk]
+                assert sorted(visited) == sorted(every), (num_m, H, B, lpt, grid)
+            S = 128 * num_m
+            work = [
+                (lambda r: r[1] - r[0])(kv_block_range(m, S, S, 128, 128, True)) for m, *_ in order
+            ]
+            if lpt:
+                per_section = section * num_m
+                for start in range(0, tiles, per_section):
+                    part = work[start : start + per_section]
+                    assert part == sorted(part, reverse=True), (num_m, H, B, start)
+                assert order[0][0] == num_m - 1
+            else:
+                assert [m for m, *_ in order[:num_m]] == list(range(num_m))
+
+
 def _near_multiples(unit: int, low: int) -> st.SearchStrategy[int]:
     """Lengths and window sides where the block arithmetic turns: within 2 of a multiple of
     ``unit`` (up to 5 of them), or anywhere up to 5 units."""
@@ -625,6 +763,7 @@ def test_own_sm90_overlap_switch(monkeypatch: pytest.MonkeyPatch) -> None:
         ("overlap,longest_first", lf), ("longest_first, overlap", lf), ("pingpong", pingpong),
         ("pingpong,longest_first", {**pingpong, "longest_first": True}),
         (",".join(KNOBS), dict.fromkeys(KNOBS, True)),
+        ("overlap,persistent", {"overlap": True, "persistent": True}),
     ):  # fmt: skip
         monkeypatch.setenv(OVERLAP_ENV, value)
         assert knobs_from_env() == expected, value
@@ -633,6 +772,18 @@ def test_own_sm90_overlap_switch(monkeypatch: pytest.MonkeyPatch) -> None:
         with pytest.raises(ValueError, match=OVERLAP_ENV) as error:
             knobs_from_env()
         assert "longest_first" in str(error.value)
+
+
+@pytest.mark.cpu
+def test_own_sm90_persistent_grid_cap() -> None:
+    """The adapters' persistent grid cap: ``num_sms`` when given (no device query), None
+    without ``persistent`` (the kernel then takes no cap), an error below 1."""
+    from attention_crossval.kernel.adapters.own_sm90 import _max_ctas
+
+    assert _max_ctas(None, {"persistent": True}, 132) == 132
+    assert _max_ctas(None, {"overlap": True}, 132) is None
+    with pytest.raises(ValueError, match="num_sms"):
+        _max_ctas(None, {"persistent": True}, 0)
 
 
 @pytest.mark.cpu

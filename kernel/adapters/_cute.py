@@ -53,6 +53,7 @@ def launch(
     lengths: tuple[Any, Any] | None = None,
     window: tuple[int, int] | None = None,
     variant: Hashable = None,
+    max_ctas: int | None = None,
 ) -> None:
     """Run kernel ``name`` on torch CUDA tensors ``q [B, Sq, Hq, D]``, ``k, v [B, Sk, Hkv, D]``,
     ``out`` like q and ``lse [B, Hq, Sq]`` (fp32) on the current stream.
@@ -64,7 +65,9 @@ def launch(
     ``window`` is ``(left, right)``, clamped as :func:`kernel.adapters.own_sm90.window_bounds`
     does. Lengths and window go to the kernel as trailing arguments (None when absent).
     ``variant`` names the compile-time knobs ``make_kernel`` builds in (e.g. the SM90 kernel's
-    ``overlap``); it is part of the compile cache key, so variants of one kernel coexist."""
+    ``overlap``); it is part of the compile cache key, so variants of one kernel coexist.
+    ``max_ctas`` (the SM90 kernel's ``persistent`` grid cap) goes last as an ``Int32`` (the
+    lengths and window then None where absent); a runtime value, not part of the key."""
     import cuda.bindings.driver as cuda
     import cutlass
     import cutlass.cute as cute
@@ -94,12 +97,14 @@ def launch(
     tensors.append(from_dlpack(lse, assumed_align=4).mark_layout_dynamic(leading_dim=2))
     args = [*tensors, cutlass.Float32(softmax_scale * LOG2_E)]
     args.append(cuda.CUstream(torch.cuda.current_stream().cuda_stream))
-    if lengths is not None or window is not None:  # the optional trailing arguments
+    if lengths is not None or window is not None or max_ctas is not None:  # optional, trailing
         for values, wrap in (
             (lengths, lambda t: from_dlpack(t, assumed_align=4).mark_layout_dynamic(leading_dim=0)),
             (window, cutlass.Int32),
         ):
             args += [None, None] if values is None else [wrap(value) for value in values]
+    if max_ctas is not None:
+        args.append(cutlass.Int32(max_ctas))
     if key not in _COMPILED:
         kernel = make_kernel(dtype, key[2], key[3])
         _COMPILED[key] = cute.compile(kernel, *args)

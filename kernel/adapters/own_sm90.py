@@ -20,7 +20,9 @@ Both adapters run the kernel's default configuration unless the environment vari
 WGMMAs); both ran on the H200 in benchmarks/bench_own_sm90.py only. A comma-separated list of
 :data:`KNOBS` names turns those knobs on (``pingpong`` bringing ``overlap``), e.g.
 ``overlap,longest_first,smem_epilogue``; ``longest_first`` (causal tiles in decreasing work
-order) and ``smem_epilogue`` (O through shared memory, TMA store) are compiled only, never run.
+order), ``smem_epilogue`` (O through shared memory, TMA store) and ``persistent`` (one CTA per SM
+looping over the tiles; not with ``pingpong`` nor ``smem_epilogue``) are compiled only, never
+run.
 This is for development, so that ``pytest -m gpu --kernel own-sm90`` can put a variant through
 the whole suite; it stays a switch, not the default, until a GPU run decides. Benchmarks choose
 a variant directly with the knob arguments of :func:`launch` and :func:`launch_full`.
@@ -48,7 +50,7 @@ TILE_N = 128
 FULL_MAX_SEQLEN = 1 << 29
 # The kernel's compile-time knobs the adapters pass through (kernel/sm90/fwd.py), all off by
 # default; each combination is compiled and cached apart.
-KNOBS = ("overlap", "pingpong", "longest_first", "smem_epilogue")
+KNOBS = ("overlap", "pingpong", "longest_first", "smem_epilogue", "persistent")
 # The registered adapters' kernel variant (development switch): value -> launch knobs.
 OVERLAP_ENV = "ATTENTION_CROSSVAL_SM90_OVERLAP"
 ENV_VARIANTS: dict[str, dict[str, bool]] = {
@@ -151,18 +153,22 @@ def launch(
     pingpong: bool = False,
     longest_first: bool = False,
     smem_epilogue: bool = False,
+    persistent: bool = False,
+    num_sms: int | None = None,
 ) -> None:
     """Run the kernel on torch CUDA tensors (see :func:`kernel.adapters._cute.launch`);
-    ``overlap``, ``pingpong``, ``longest_first`` and ``smem_epilogue`` pick the kernel's knobs
-    of those names (each variant compiled and cached apart)."""
+    ``overlap``, ``pingpong``, ``longest_first``, ``smem_epilogue`` and ``persistent`` pick the
+    kernel's knobs of those names (each variant compiled and cached apart); ``num_sms`` caps
+    the persistent grid (default: the device's SM count; ignored without ``persistent``)."""
     knobs = {
         "overlap": overlap, "pingpong": pingpong, "longest_first": longest_first,
-        "smem_epilogue": smem_epilogue,
+        "smem_epilogue": smem_epilogue, "persistent": persistent,
     }  # fmt: skip
     _check_out_alignment(out, knobs)
+    max_ctas = _max_ctas(q, knobs, num_sms)
     _cute.launch(
         "own-sm90", partial(_make_kernel, **knobs), q, k, v, out, lse, softmax_scale,
-        causal=causal, variant=_variant(knobs),
+        causal=causal, variant=_variant(knobs), max_ctas=max_ctas,
     )  # fmt: skip
 
 
@@ -182,19 +188,22 @@ def launch_full(
     pingpong: bool = False,
     longest_first: bool = False,
     smem_epilogue: bool = False,
+    persistent: bool = False,
+    num_sms: int | None = None,
 ) -> None:
     """``own-sm90-full``'s launch (never run): Hq a multiple of Hkv, int32 ``[B]`` CUDA lengths
     (the padded extents where a case has none), ``window`` from :func:`window_bounds`;
-    the knobs as in :func:`launch`."""
+    the knobs and ``num_sms`` as in :func:`launch`."""
     knobs = {
         "overlap": overlap, "pingpong": pingpong, "longest_first": longest_first,
-        "smem_epilogue": smem_epilogue,
+        "smem_epilogue": smem_epilogue, "persistent": persistent,
     }  # fmt: skip
     _check_out_alignment(out, knobs)
+    max_ctas = _max_ctas(q, knobs, num_sms)
     _cute.launch(
         "own-sm90-full", partial(_make_kernel, **knobs), q, k, v, out, lse, softmax_scale,
         causal=causal, gqa=True, lengths=(q_lengths, k_lengths), window=window,
-        variant=_variant(knobs),
+        variant=_variant(knobs), max_ctas=max_ctas,
     )  # fmt: skip
 
 
@@ -211,6 +220,20 @@ def _check_out_alignment(out: Any, knobs: dict[str, bool]) -> None:
             f"elements but for the last: data_ptr % 16 = {out.data_ptr() % 16}, strides "
             f"{tuple(out.stride())}"
         )
+
+
+def _max_ctas(q: Any, knobs: dict[str, bool], num_sms: int | None) -> int | None:
+    """The persistent kernel's grid cap: ``num_sms``, or the SM count of ``q``'s device (132 on
+    an H100 SXM or H200); None without ``persistent`` (the kernel then takes no cap)."""
+    if not knobs.get("persistent"):
+        return None
+    if num_sms is None:
+        import torch
+
+        num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+    if num_sms < 1:
+        raise ValueError(f"num_sms={num_sms} must be >= 1")
+    return int(num_sms)
 
 
 def _variant(knobs: dict[str, bool]) -> tuple[str, ...]:

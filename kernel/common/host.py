@@ -34,6 +34,7 @@ def compile_on_fake_tensors(
     *,
     varlen: bool = False,
     window: bool = False,
+    max_ctas: int | None = None,
 ) -> object:
     """``cute.compile`` of ``kernel`` for ``arch`` (e.g. ``sm_90a``) on fake tensors typed like
     the adapters' runtime tensors: every extent and stride dynamic but D's unit stride, as
@@ -41,7 +42,9 @@ def compile_on_fake_tensors(
     ``--gpu-arch`` is passed, so it does not depend on ``CUTE_DSL_ARCH``.
 
     ``varlen`` / ``window`` add the trailing arguments such a kernel takes: the per-batch int32
-    lengths ``seqused_q`` / ``seqused_k`` and the ``Int32`` window bounds (None when off)."""
+    lengths ``seqused_q`` / ``seqused_k`` and the ``Int32`` window bounds (None when off).
+    ``max_ctas`` (a kernel that takes it: the SM90 kernel's persistent grid cap) goes after them
+    as an ``Int32``, the lengths and bounds then passed as None where off."""
     from cutlass import Int32
     from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
@@ -57,11 +60,13 @@ def compile_on_fake_tensors(
         assumed_align=4,
     )
     args: tuple = (qkv(), qkv(), qkv(), qkv(), lse, Float32(LOG2_E), make_fake_stream())
-    if varlen or window:
+    if varlen or window or max_ctas is not None:
         lengths = [
             make_fake_tensor(Int32, (cute.sym_int(),), (1,), assumed_align=4) if varlen else None
             for _ in range(2)
         ]
         bounds = [Int32(0) if window else None] * 2
         args += (*lengths, *bounds)
+    if max_ctas is not None:
+        args += (Int32(max_ctas),)
     return cute.compile(kernel, *args, options=f"--gpu-arch={arch} {options}".strip())

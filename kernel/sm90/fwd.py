@@ -13,7 +13,8 @@ Structure (one CTA per ``tile_m`` query rows of one (batch, head)):
 
 By default kept simple rather than fast: each WGMMA is waited for (``wait_group(0)``) before the
 next step, so the softmax never overlaps tensor-core work; no TMA store, no persistent scheduler
-(the knobs below change each of these; all default off).
+(the knobs below change each of these; all default off; the default kernel's PTX is unchanged by
+each knob's addition, checked byte for byte in 24 configurations).
 This default is the configuration run and checked on the H200.
 
 The knob ``overlap=True`` (run on the H200 only by benchmarks/bench_own_sm90.py, 2026-12-01: 8-11 %
@@ -56,6 +57,48 @@ unit clips it at the tensor's padded ``S``, which is then ``seqlen_q``), and wit
 16-byte row chunks through registers with a row predicate. It needs ``o`` 16-byte aligned with S,
 H and B strides in multiples of 16 bytes (the adapters' launch checks). The LSE is written as
 before.
+
+The knob ``persistent=True`` (COMPILED ONLY, never run; not with ``pingpong``, whose pending
+arrive would pile up once per tile, nor with ``smem_epilogue``, whose O in Q's buffer would race
+the next tile's Q load: both raise ValueError) launches ``min(num_tiles, max_ctas)`` CTAs (at
+least 1; ``max_ctas`` is a host ``Int32`` argument, the adapters pass the GPU's SM count) for the
+``num_tiles = m_blocks * H * B`` query tiles, and each CTA walks the linear tiles ``blockIdx.x,
+blockIdx.x + gridDim.x, ...`` (:meth:`run_persistent`), decoded by :func:`persistent_tile`:
+m_block fastest without causal or a window; with them longest-first (m_block descending) inside
+sections of (batch, head) pairs whose K and V fit in about 40 MB of L2 (:func:`lpt_section`;
+FlashAttention's LPT order), whether or not ``longest_first`` is set. Per tile the producer warp
+runs :meth:`load` and the consumers :meth:`consume` exactly as the one-tile kernel (fresh softmax
+state, O and masks, the tile's own batch lengths under varlen), and the epilogue stores from
+registers. Q has 2 stages (197632 bytes of shared memory at D = 128, 99328 at D = 64), so the
+next tile's Q load overlaps this tile's tail; the consumers release a Q stage after the tile's KV
+loop. The static round-robin leaves the causal load imbalance of the last wave(s) and gives CTA 0
+the longest tile of each wave; whether it beats the one-tile grid is for the H200 to say.
+
+Why every wait of the persistent kernel has its arrive (hang-safety), on every path:
+
+* both roles compute the same tile sequence (same ``blockIdx.x``, ``gridDim.x``, tile count and
+  decode) and per tile the same block range (:func:`kv_block_range` of the same lengths and
+  window), so the producer's sequence of Q, K and V stage fills is exactly the consumers'
+  sequence of waits, tile after tile; the pipeline states (stage, phase) continue across tiles
+  in both roles (``load``, ``consume`` and ``kv_loop_overlap`` return the participants and the
+  loops rebind them, so the DSL carries them; the CPU tests check no wait in the PTX has a
+  literal phase);
+* K/V: every consumer wait is followed, on the same path, by its release (both loops, the
+  overlap's first and last block), so each producer acquire of a stage waits for a release the
+  consumers reach without waiting on anything the producer has not issued yet (it issued every
+  earlier fill first);
+* Q: the producer fills Q for every tile, even one with no KV block (empty causal row range,
+  a tile past ``seqused_q``), and the consumers wait for it and release it after the KV loop
+  on every tile, empty or not (an empty tile runs no WGMMA and still writes O = 0, LSE =
+  -inf below ``seqlen_q``); the producer's Q acquire for tile ``j`` waits for the release of
+  tile ``j - 2``, which needs only fills issued before it;
+* the consumer warpgroups' named barrier (the varlen V-row zeroing) is met by both warpgroups
+  the same number of times per tile, since both walk the same tiles and blocks;
+* a CTA with no tile (only when ``num_tiles`` is 0: the grid is 1 then) runs zero iterations in
+  both roles and waits on nothing after the barrier-init ``__syncthreads`` every thread passes;
+  after its last tile the producer warp exits with its last loads in flight, which the
+  consumers wait for (no cluster, so no producer tail is needed), and the last Q and K/V
+  releases are arrives nobody waits for.
 
 Layouts: q, k, v, o ``[B, S, H, D]`` with unit stride on D (any other strides, e.g. guard-banded
 views), lse ``[B, H, Sq]`` float32; B, H, Sq, Sk dynamic; D static (64 or 128); bottom-right
@@ -162,6 +205,53 @@ def tile_for_block(block_x: Int32, num_m_blocks: Int32, longest_first: bool) -> 
     return num_m_blocks - 1 - block_x if longest_first else block_x
 
 
+# persistent + longest_first: the (batch, head) pairs are walked in sections whose K and V fit
+# together in about this many bytes of L2 (FlashAttention's LPT swizzle), so that the CTAs
+# working at the same time on the long tiles of a section share their K/V through L2.
+LPT_L2_BYTES = 40 * 1024 * 1024
+
+
+def lpt_section(seqlen_k: Int32, head_dim: int, elem_bytes: int) -> Int32:
+    """How many (batch, head) pairs one longest-first section holds: as many as have their K
+    and V (``seqlen_k`` rows of ``2 * head_dim`` elements) in :data:`LPT_L2_BYTES`, at least 1.
+    Plain arithmetic (Python ints in the CPU tests); the constant is divided first, so nothing
+    overflows int32."""
+    return cutlass.max(LPT_L2_BYTES // (2 * head_dim * elem_bytes) // cutlass.max(seqlen_k, 1), 1)
+
+
+def persistent_tile(
+    tile: Int32,
+    num_m_blocks: Int32,
+    num_heads: Int32,
+    num_hb: Int32,
+    section: Int32,
+    longest_first: bool,
+) -> tuple[Int32, Int32, Int32]:
+    """``(m_block, head, batch)`` of linear tile ``tile`` (``0 <= tile < num_m_blocks *
+    num_hb``, ``num_hb = num_heads * batches``) of the persistent kernel, a bijection:
+
+    * without ``longest_first``: ``m_block`` fastest, then head, then batch (the order of the
+      non-persistent grid: consecutive tiles share their K/V);
+    * with it: sections of ``section`` consecutive (batch, head) pairs (the last one may be
+      shorter), one after the other; inside a section ``m_block`` descending (the tiles with
+      the most causal KV blocks first), the pair fastest.
+
+    Plain arithmetic on non-negative values, so the CPU tests replay it on Python ints."""
+    if longest_first:
+        section_tiles = section * num_m_blocks
+        first_hb = tile // section_tiles * section
+        rest = tile - first_hb * num_m_blocks
+        size = cutlass.min(section, num_hb - first_hb)
+        m_idx = rest // size
+        hb = first_hb + (rest - m_idx * size)
+        m_block = num_m_blocks - 1 - m_idx
+    else:
+        hb = tile // num_m_blocks
+        m_block = tile - hb * num_m_blocks
+    batch = hb // num_heads
+    return m_block, hb - batch * num_heads, batch
+
+
 class FlashAttentionForwardSm90:
     """Static knobs in ``__init__``; ``__call__`` is the host launch (a ``cute.jit`` function)."""
 
@@ -178,6 +268,7 @@ class FlashAttentionForwardSm90:
         pingpong: bool = False,
         longest_first: bool = False,
         smem_epilogue: bool = False,
+        persistent: bool = False,
     ) -> None:
         if dtype not in DTYPES:
             raise ValueError(f"dtype={dtype!r} must be one of {sorted(DTYPES)}")
@@ -191,6 +282,14 @@ class FlashAttentionForwardSm90:
             raise ValueError(f"kv_stages={kv_stages!r} must be >= 1")
         if pingpong and not (overlap and num_consumer_wg == 2):
             raise ValueError("pingpong needs overlap=True and num_consumer_wg=2")
+        if persistent and pingpong:
+            # The first warpgroup's extra arrive before the loops, left pending at exit, would
+            # pile up once per tile and let a warpgroup past its turn in the next tile.
+            raise ValueError("persistent=True and pingpong=True cannot be combined")
+        if persistent and smem_epilogue:
+            # smem_epilogue writes O into Q's buffer, which the producer refills with the next
+            # tile's Q as soon as the consumers release it.
+            raise ValueError("persistent=True and smem_epilogue=True cannot be combined")
         self.dtype = DTYPES[dtype]
         self.head_dim = head_dim
         self.causal = causal
@@ -202,6 +301,9 @@ class FlashAttentionForwardSm90:
         self.pingpong = pingpong
         self.longest_first = longest_first
         self.smem_epilogue = smem_epilogue
+        self.persistent = persistent
+        # persistent: two Q stages, so the next tile's Q load overlaps this tile's tail.
+        self.q_stages = 2 if persistent else 1
         self.num_threads = WG_THREADS * (1 + num_consumer_wg)
         # setmaxnreg: the producer gives registers to the consumers (65536 per SM, 1 CTA).
         self.regs_load = 24
@@ -223,9 +325,14 @@ class FlashAttentionForwardSm90:
         seqused_k: cute.Tensor | None = None,
         window_left: Int32 | None = None,
         window_right: Int32 | None = None,
+        max_ctas: Int32 | None = None,
     ) -> None:
         """Launch on ``[B, S, H, D]`` q/k/v/o and ``[B, H, Sq]`` lse; ``scale_log2`` is
-        ``softmax_scale * log2(e)``; the optional arguments as the module docstring says."""
+        ``softmax_scale * log2(e)``; the optional arguments as the module docstring says;
+        ``max_ctas`` (``persistent`` only, and needed there) caps the persistent grid, e.g. at
+        the GPU's SM count."""
+        if cutlass.const_expr(self.persistent != (max_ctas is not None)):
+            raise ValueError("max_ctas is given exactly when persistent=True")
         if cutlass.const_expr((seqused_q is None) != (seqused_k is None)):
             raise ValueError("seqused_q and seqused_k go together (both or neither)")
         if cutlass.const_expr((window_left is None) != (window_right is None)):
@@ -254,7 +361,7 @@ class FlashAttentionForwardSm90:
             warpgroup.OperandSource.RMEM,
         )
         row_major = LayoutEnum.ROW_MAJOR
-        sQ_layout = sm90_utils.make_smem_layout_a(row_major, cta_qk_tiler, dtype, 1)
+        sQ_layout = sm90_utils.make_smem_layout_a(row_major, cta_qk_tiler, dtype, self.q_stages)
         sK_layout = sm90_utils.make_smem_layout_b(row_major, cta_qk_tiler, dtype, self.kv_stages)
         sV_layout = sm90_utils.make_smem_layout_b(v_layout, cta_pv_tiler, dtype, self.kv_stages)
 
@@ -295,7 +402,7 @@ class FlashAttentionForwardSm90:
 
         @cute.struct
         class SharedStorage:
-            q_bar: cute.struct.MemRange[cutlass.Int64, 2]
+            q_bar: cute.struct.MemRange[cutlass.Int64, 2 * self.q_stages]
             k_bar: cute.struct.MemRange[cutlass.Int64, 2 * stages]
             v_bar: cute.struct.MemRange[cutlass.Int64, 2 * stages]
             sQ: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sQ_layout)], 1024]
@@ -304,6 +411,11 @@ class FlashAttentionForwardSm90:
 
         self.shared_storage = SharedStorage
         grid = (cute.ceil_div(mQ.shape[0], self.tile_m), mQ.shape[2], mQ.shape[3])
+        if cutlass.const_expr(self.persistent):
+            # One CTA per SM at most (max_ctas), never more than the tiles; at least 1, which
+            # with no tile at all runs zero loop iterations and exits (kernel docstring).
+            num_tiles = grid[0] * grid[1] * grid[2]
+            grid = (cutlass.max(cutlass.min(num_tiles, max_ctas), 1), 1, 1)
         self.kernel(
             qk_mma,
             pv_mma,
@@ -361,7 +473,8 @@ class FlashAttentionForwardSm90:
         # The query tile: blockIdx.x, or reversed (longest_first, only where the tiles' work
         # differs: causal or windowed). Every later use of the tile reads this one m_block.
         m_block = block_x
-        if cutlass.const_expr(self.longest_first and (self.causal or window_left is not None)):
+        lpt = self.longest_first and (self.causal or window_left is not None)
+        if cutlass.const_expr(lpt and not self.persistent):
             m_block = tile_for_block(block_x, cute.arch.grid_dim()[0], True)
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg_idx = cute.arch.make_warp_uniform(tidx // WG_THREADS)
@@ -386,72 +499,168 @@ class FlashAttentionForwardSm90:
                 defer_sync=True,
             ).make_participants()
 
-        q_load, q_use = tma_pipeline(storage.q_bar, 1, self.q_bytes)
+        q_load, q_use = tma_pipeline(storage.q_bar, self.q_stages, self.q_bytes)
         k_load, k_use = tma_pipeline(storage.k_bar, self.kv_stages, self.kv_bytes)
         v_load, v_use = tma_pipeline(storage.v_bar, self.kv_stages, self.kv_bytes)
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
-        seqlen_q, seqlen_k = mQ.shape[0], mK.shape[0]
-        if cutlass.const_expr(seqused_q is not None):
-            seqlen_q, seqlen_k = seqused_q[batch], seqused_k[batch]
-        window = (window_left, window_right)
-        blocks = kv_block_range(
-            m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal, *window
-        )
-        kv_head = head // (mQ.shape[2] // mK.shape[2])
+        if cutlass.const_expr(self.persistent):
+            self.run_persistent(
+                tma_q, mQ, sQ, tma_k, mK, sK, tma_v, mV, sV, q_load, k_load, v_load, qk_mma,
+                pv_mma, q_use, k_use, v_use, mO, mLSE, scale_log2, seqused_q, seqused_k,
+                (window_left, window_right), warp_idx, wg_idx, tidx,
+            )  # fmt: skip
+        else:
+            seqlen_q, seqlen_k = mQ.shape[0], mK.shape[0]
+            if cutlass.const_expr(seqused_q is not None):
+                seqlen_q, seqlen_k = seqused_q[batch], seqused_k[batch]
+            window = (window_left, window_right)
+            blocks = kv_block_range(
+                m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal, *window
+            )
+            kv_head = head // (mQ.shape[2] // mK.shape[2])
+            extent_k = None  # the K/V rows, when V rows past seqlen_k must be zeroed
+            if cutlass.const_expr(seqused_k is not None):
+                extent_k = mK.shape[0]
+
+            if wg_idx == 0:
+                cute.arch.setmaxregister_decrease(self.regs_load)
+                if warp_idx == 0:
+                    self.load(
+                        tma_q,
+                        mQ,
+                        sQ,
+                        tma_k,
+                        mK,
+                        sK,
+                        tma_v,
+                        mV,
+                        sV,
+                        q_load,
+                        k_load,
+                        v_load,
+                        m_block,
+                        head,
+                        kv_head,
+                        batch,
+                        blocks[0],
+                        blocks[1],
+                    )
+            else:
+                cute.arch.setmaxregister_increase(self.regs_consumer)
+                self.consume(
+                    qk_mma,
+                    pv_mma,
+                    sQ,
+                    sK,
+                    sV,
+                    q_use,
+                    k_use,
+                    v_use,
+                    mO,
+                    mLSE,
+                    scale_log2,
+                    tidx - WG_THREADS,
+                    m_block,
+                    head,
+                    batch,
+                    blocks,
+                    seqlen_q,
+                    seqlen_k,
+                    extent_k,
+                    window,
+                    tma_o,
+                )
+
+    @cute.jit
+    def run_persistent(
+        self,
+        tma_q: cute.CopyAtom,
+        mQ: cute.Tensor,
+        sQ: cute.Tensor,
+        tma_k: cute.CopyAtom,
+        mK: cute.Tensor,
+        sK: cute.Tensor,
+        tma_v: cute.CopyAtom,
+        mV: cute.Tensor,
+        sV: cute.Tensor,
+        q_load: pipeline.PipelineProducer,
+        k_load: pipeline.PipelineProducer,
+        v_load: pipeline.PipelineProducer,
+        qk_mma: cute.TiledMma,
+        pv_mma: cute.TiledMma,
+        q_use: pipeline.PipelineConsumer,
+        k_use: pipeline.PipelineConsumer,
+        v_use: pipeline.PipelineConsumer,
+        mO: cute.Tensor,
+        mLSE: cute.Tensor,
+        scale_log2: Float32,
+        seqused_q: cute.Tensor | None,
+        seqused_k: cute.Tensor | None,
+        window: tuple[Int32 | None, Int32 | None],
+        warp_idx: Int32,
+        wg_idx: Int32,
+        tidx: Int32,
+    ) -> None:
+        """``persistent``: the producer warp and every consumer thread walk the same linear
+        tiles ``blockIdx.x, blockIdx.x + gridDim.x, ...`` below ``num_tiles`` (none at all when
+        ``blockIdx.x >= num_tiles``), decoded by :func:`persistent_tile`; per tile the producer
+        runs :meth:`load` and the consumers :meth:`consume` (fresh softmax state, O and masks;
+        they release the Q stage at its end), exactly as the one-tile kernel does. The pipeline
+        participants are rebound from each call, so the DSL carries their states (stage index,
+        phase) from one tile to the next (module docstring: why every wait has its arrive)."""
+        num_m_blocks = (mQ.shape[0] + self.tile_m - 1) // self.tile_m
+        num_heads = mQ.shape[2]
+        num_hb = num_heads * mQ.shape[3]
+        num_tiles = num_m_blocks * num_hb
+        # Longest-first wherever the tiles' work differs (causal or windowed), with or without
+        # the longest_first knob; uniform tiles keep the grid's natural order.
+        lpt = self.causal or window[0] is not None
+        section = num_hb
+        if cutlass.const_expr(lpt):
+            section = lpt_section(mK.shape[0], self.head_dim, self.dtype.width // 8)
+        first_tile = cute.arch.block_idx()[0]
+        num_ctas = cute.arch.grid_dim()[0]
+        group = num_heads // mK.shape[2]  # query heads per kv head
         extent_k = None  # the K/V rows, when V rows past seqlen_k must be zeroed
         if cutlass.const_expr(seqused_k is not None):
             extent_k = mK.shape[0]
-
         if wg_idx == 0:
             cute.arch.setmaxregister_decrease(self.regs_load)
             if warp_idx == 0:
-                self.load(
-                    tma_q,
-                    mQ,
-                    sQ,
-                    tma_k,
-                    mK,
-                    sK,
-                    tma_v,
-                    mV,
-                    sV,
-                    q_load,
-                    k_load,
-                    v_load,
-                    m_block,
-                    head,
-                    kv_head,
-                    batch,
-                    blocks[0],
-                    blocks[1],
-                )
+                for tile in cutlass.range(first_tile, num_tiles, num_ctas, unroll=1):
+                    m_block, head, batch = persistent_tile(
+                        tile, num_m_blocks, num_heads, num_hb, section, lpt
+                    )
+                    seqlen_q, seqlen_k = mQ.shape[0], mK.shape[0]
+                    if cutlass.const_expr(seqused_q is not None):
+                        seqlen_q, seqlen_k = seqused_q[batch], seqused_k[batch]
+                    blocks = kv_block_range(
+                        m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal,
+                        *window,
+                    )  # fmt: skip
+                    q_load, k_load, v_load = self.load(
+                        tma_q, mQ, sQ, tma_k, mK, sK, tma_v, mV, sV, q_load, k_load, v_load,
+                        m_block, head, head // group, batch, blocks[0], blocks[1],
+                    )  # fmt: skip
         else:
             cute.arch.setmaxregister_increase(self.regs_consumer)
-            self.consume(
-                qk_mma,
-                pv_mma,
-                sQ,
-                sK,
-                sV,
-                q_use,
-                k_use,
-                v_use,
-                mO,
-                mLSE,
-                scale_log2,
-                tidx - WG_THREADS,
-                m_block,
-                head,
-                batch,
-                blocks,
-                seqlen_q,
-                seqlen_k,
-                extent_k,
-                window,
-                tma_o,
-            )
+            for tile in cutlass.range(first_tile, num_tiles, num_ctas, unroll=1):
+                m_block, head, batch = persistent_tile(
+                    tile, num_m_blocks, num_heads, num_hb, section, lpt
+                )
+                seqlen_q, seqlen_k = mQ.shape[0], mK.shape[0]
+                if cutlass.const_expr(seqused_q is not None):
+                    seqlen_q, seqlen_k = seqused_q[batch], seqused_k[batch]
+                blocks = kv_block_range(
+                    m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal, *window
+                )
+                q_use, k_use, v_use = self.consume(
+                    qk_mma, pv_mma, sQ, sK, sV, q_use, k_use, v_use, mO, mLSE, scale_log2,
+                    tidx - WG_THREADS, m_block, head, batch, blocks, seqlen_q, seqlen_k, extent_k,
+                    window,
+                )  # fmt: skip
 
     @cute.jit
     def load(
@@ -474,10 +683,11 @@ class FlashAttentionForwardSm90:
         batch: Int32,
         n_block_min: Int32,
         n_block_max: Int32,
-    ) -> None:
+    ) -> tuple[pipeline.PipelineProducer, pipeline.PipelineProducer, pipeline.PipelineProducer]:
         """Producer warp: Q once (even for an empty tile, the consumers wait for it), then K and
         V of kv head ``kv_head``, blocks ``n_block_max - 1`` down to ``n_block_min``. Rows past
-        the tensor's end are zero-filled by the TMA unit (the box is clipped to its extent)."""
+        the tensor's end are zero-filled by the TMA unit (the box is clipped to its extent).
+        Returns the three producers (advanced), for the persistent loop to carry."""
         gQ = cute.local_tile(mQ[None, None, head, batch], (self.tile_m, self.head_dim), (None, 0))
         gK = cute.local_tile(
             mK[None, None, kv_head, batch], (self.tile_n, self.head_dim), (None, 0)
@@ -507,6 +717,7 @@ class FlashAttentionForwardSm90:
             cute.copy(
                 tma_v, tVgV[None, n_block], tVsV[None, handle.index], tma_bar_ptr=handle.barrier
             )
+        return q_load, k_load, v_load
 
     @cute.jit
     def consume(
@@ -532,11 +743,13 @@ class FlashAttentionForwardSm90:
         extent_k: Int32 | None,
         window: tuple[Int32 | None, Int32 | None],
         tma_o: cute.CopyAtom | None = None,
-    ) -> None:
-        """Consumer warpgroups: the KV loop (QK^T, mask, online softmax, rescale, PV), then the
-        epilogue. ``tidx`` counts from the first consumer thread; ``blocks`` is
-        :func:`kv_block_range`'s answer; ``extent_k`` (varlen only) the rows of the K/V
-        tensors; ``tma_o`` the TMA store atom of ``mO`` (``smem_epilogue``, not varlen)."""
+    ) -> tuple[pipeline.PipelineConsumer, pipeline.PipelineConsumer, pipeline.PipelineConsumer]:
+        """Consumer warpgroups: the KV loop (QK^T, mask, online softmax, rescale, PV), then
+        (``persistent``) the release of the Q stage, then the epilogue; returns the three
+        consumers (advanced), for the persistent loop to carry. ``tidx`` counts from the first
+        consumer thread; ``blocks`` is :func:`kv_block_range`'s answer; ``extent_k`` (varlen
+        only) the rows of the K/V tensors; ``tma_o`` the TMA store atom of ``mO``
+        (``smem_epilogue``, not varlen)."""
         n_block_min, n_block_max, n_unmasked_min, n_unmasked_max = blocks
         qk_thr = qk_mma.get_slice(tidx)
         pv_thr = pv_mma.get_slice(tidx)
@@ -556,7 +769,7 @@ class FlashAttentionForwardSm90:
 
         q_handle = q_use.wait_and_advance()
         if cutlass.const_expr(self.overlap):
-            self.kv_loop_overlap(
+            k_use, v_use = self.kv_loop_overlap(
                 qk_mma,
                 pv_mma,
                 tSrQ[None, None, None, q_handle.index],
@@ -611,6 +824,11 @@ class FlashAttentionForwardSm90:
                 warpgroup.wait_group(0)
                 v_handle.release()
 
+        if cutlass.const_expr(self.persistent):
+            # Every WGMMA that reads this Q stage is complete: the plain loop waits for each QK^T
+            # (wait_group 0), the overlap loop ends on wait_group 0 after the last PV, and an
+            # empty tile issued none. The producer may now load a later tile's Q into it.
+            q_handle.release()
         if cutlass.const_expr(self.smem_epilogue):
             self.epilogue_smem(
                 softmax, acc_O, pv_mma, tma_o, sQ[None, None, 0], mO, mLSE, tidx, m_block, head,
@@ -618,6 +836,7 @@ class FlashAttentionForwardSm90:
             )  # fmt: skip
         else:
             self.epilogue(softmax, acc_O, pv_thr, mO, mLSE, tidx, m_block, head, batch, seqlen_q)
+        return q_use, k_use, v_use
 
     @cute.jit
     def kv_loop_overlap(
@@ -642,7 +861,7 @@ class FlashAttentionForwardSm90:
         seqlen_k: Int32,
         extent_k: Int32 | None,
         window: tuple[Int32 | None, Int32 | None],
-    ) -> None:
+    ) -> tuple[pipeline.PipelineConsumer, pipeline.PipelineConsumer]:
         """The KV loop with intra-warpgroup overlap (``overlap=True``): the softmax of block
         ``j + 1`` runs while the tensor cores do ``O += P_j V_j``.
 
@@ -661,7 +880,8 @@ class FlashAttentionForwardSm90:
         Pipeline waits stay in this function's own regions, so the DSL carries their states
         through the dynamic ``if`` and ``for``. With ``pingpong`` each step waits for K and V
         (and zeroes V padding) first, then takes its turn to issue both GEMMs (module
-        docstring)."""
+        docstring). Returns ``k_use`` and ``v_use`` as this function's regions left them (the
+        DSL rebinds the names here, not the caller's objects), for the persistent loop."""
         n_block_min, n_block_max, n_unmasked_min, n_unmasked_max = blocks
         acc_O_mn = acc_rows_cols(acc_O)
         rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
@@ -729,6 +949,7 @@ class FlashAttentionForwardSm90:
             pv_mma = self.pv_gemm(pv_mma, acc_O, tOrP, tOrV, v_handle.index)
             warpgroup.wait_group(0)
             v_handle.release()
+        return k_use, v_use
 
     @cute.jit
     def qk_gemm(
@@ -977,9 +1198,13 @@ class FlashAttentionForwardSm90:
 
     # ------------------------------------------------------------------ compile-only
 
-    def compile(self, *, options: str = "", varlen: bool = False, window: bool = False) -> object:
+    def compile(
+        self, *, options: str = "", varlen: bool = False, window: bool = False, max_ctas: int = 132
+    ) -> object:
         """The CPU-only check: compile for sm_90a on fake tensors (no GPU touched), with the
-        varlen lengths and the window bounds as arguments when asked."""
+        varlen lengths and the window bounds as arguments when asked, and ``max_ctas`` (a
+        runtime ``Int32``, its value irrelevant to the code) when ``persistent``."""
         return compile_on_fake_tensors(
-            self, self.dtype, "sm_90a", options, varlen=varlen, window=window
-        )
+            self, self.dtype, "sm_90a", options, varlen=varlen, window=window,
+            max_ctas=max_ctas if self.persistent else None,
+        )  # fmt: skip
