@@ -211,6 +211,11 @@ def tile_for_block(block_x: Int32, num_m_blocks: Int32, longest_first: bool) -> 
 LPT_L2_BYTES = 40 * 1024 * 1024
 
 
+def key_extent(mK: cute.Tensor, seqused_k: cute.Tensor | None) -> Int32 | None:
+    """The K/V rows when V rows past ``seqused_k`` must be zeroed (varlen), else None."""
+    return None if seqused_k is None else mK.shape[0]
+
+
 def lpt_section(seqlen_k: Int32, head_dim: int, elem_bytes: int) -> Int32:
     """How many (batch, head) pairs one longest-first section holds: as many as have their K
     and V (``seqlen_k`` rows of ``2 * head_dim`` elements) in :data:`LPT_L2_BYTES`, at least 1.
@@ -512,17 +517,12 @@ class FlashAttentionForwardSm90:
                 (window_left, window_right), warp_idx, wg_idx, tidx,
             )  # fmt: skip
         else:
-            seqlen_q, seqlen_k = mQ.shape[0], mK.shape[0]
-            if cutlass.const_expr(seqused_q is not None):
-                seqlen_q, seqlen_k = seqused_q[batch], seqused_k[batch]
             window = (window_left, window_right)
-            blocks = kv_block_range(
-                m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal, *window
+            seqlen_q, seqlen_k, blocks = self.tile_work(
+                m_block, batch, mQ, mK, seqused_q, seqused_k, window
             )
             kv_head = head // (mQ.shape[2] // mK.shape[2])
-            extent_k = None  # the K/V rows, when V rows past seqlen_k must be zeroed
-            if cutlass.const_expr(seqused_k is not None):
-                extent_k = mK.shape[0]
+            extent_k = key_extent(mK, seqused_k)
 
             if wg_idx == 0:
                 cute.arch.setmaxregister_decrease(self.regs_load)
@@ -623,9 +623,7 @@ class FlashAttentionForwardSm90:
         first_tile = cute.arch.block_idx()[0]
         num_ctas = cute.arch.grid_dim()[0]
         group = num_heads // mK.shape[2]  # query heads per kv head
-        extent_k = None  # the K/V rows, when V rows past seqlen_k must be zeroed
-        if cutlass.const_expr(seqused_k is not None):
-            extent_k = mK.shape[0]
+        extent_k = key_extent(mK, seqused_k)
         if wg_idx == 0:
             cute.arch.setmaxregister_decrease(self.regs_load)
             if warp_idx == 0:
@@ -633,13 +631,9 @@ class FlashAttentionForwardSm90:
                     m_block, head, batch = persistent_tile(
                         tile, num_m_blocks, num_heads, num_hb, section, lpt
                     )
-                    seqlen_q, seqlen_k = mQ.shape[0], mK.shape[0]
-                    if cutlass.const_expr(seqused_q is not None):
-                        seqlen_q, seqlen_k = seqused_q[batch], seqused_k[batch]
-                    blocks = kv_block_range(
-                        m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal,
-                        *window,
-                    )  # fmt: skip
+                    _, _, blocks = self.tile_work(
+                        m_block, batch, mQ, mK, seqused_q, seqused_k, window
+                    )
                     q_load, k_load, v_load = self.load(
                         tma_q, mQ, sQ, tma_k, mK, sK, tma_v, mV, sV, q_load, k_load, v_load,
                         m_block, head, head // group, batch, blocks[0], blocks[1],
@@ -650,17 +644,36 @@ class FlashAttentionForwardSm90:
                 m_block, head, batch = persistent_tile(
                     tile, num_m_blocks, num_heads, num_hb, section, lpt
                 )
-                seqlen_q, seqlen_k = mQ.shape[0], mK.shape[0]
-                if cutlass.const_expr(seqused_q is not None):
-                    seqlen_q, seqlen_k = seqused_q[batch], seqused_k[batch]
-                blocks = kv_block_range(
-                    m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal, *window
+                seqlen_q, seqlen_k, blocks = self.tile_work(
+                    m_block, batch, mQ, mK, seqused_q, seqused_k, window
                 )
                 q_use, k_use, v_use = self.consume(
                     qk_mma, pv_mma, sQ, sK, sV, q_use, k_use, v_use, mO, mLSE, scale_log2,
                     tidx - WG_THREADS, m_block, head, batch, blocks, seqlen_q, seqlen_k, extent_k,
                     window,
                 )  # fmt: skip
+
+    @cute.jit
+    def tile_work(
+        self,
+        m_block: Int32,
+        batch: Int32,
+        mQ: cute.Tensor,
+        mK: cute.Tensor,
+        seqused_q: cute.Tensor | None,
+        seqused_k: cute.Tensor | None,
+        window: tuple[Int32 | None, Int32 | None],
+    ) -> tuple[Int32, Int32, tuple[Int32, Int32, Int32, Int32]]:
+        """``(seqlen_q, seqlen_k, blocks)`` of query tile ``m_block`` of ``batch``: the tensors'
+        lengths, or the batch's ``seqused_q/k``, and :func:`kv_block_range`'s answer; the one
+        rule the producer and the consumers (one tile or persistent) both follow."""
+        seqlen_q, seqlen_k = mQ.shape[0], mK.shape[0]
+        if cutlass.const_expr(seqused_q is not None):
+            seqlen_q, seqlen_k = seqused_q[batch], seqused_k[batch]
+        blocks = kv_block_range(
+            m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal, *window
+        )
+        return seqlen_q, seqlen_k, blocks
 
     @cute.jit
     def load(
