@@ -89,6 +89,27 @@ def _ptx(compiled: object) -> str:
     return re.sub(r"[ \t]+", " ", text)
 
 
+def _variant_ptx(kernel: object, dtype: str, head_dim: int, path: str, tmp_path: Path) -> str:
+    """The PTX of ``kernel`` (:func:`_sm90` with a variant's knobs) through ``path`` ("plain",
+    "varlen", "varlen+window"), compiled with ptxas' remarks (for :func:`assert_no_spills`),
+    after the checks every variant must pass: the hardware path, and on the varlen path the
+    guard of the zeroed V rows."""
+    varlen, window = "varlen" in path, "window" in path
+    options = f"--keep-ptx --dump-dir={tmp_path} remarks{{ptx}}"
+    ptx = _ptx(kernel.compile(options=options, varlen=varlen, window=window))
+    assert_sm90_ptx(ptx, dtype, head_dim)
+    if varlen:
+        missing = [spelling for spelling in PTX_VARLEN_MUST_HAVE if spelling not in ptx]
+        assert not missing, f"PTX lacks {missing}"
+    return ptx
+
+
+def _overlap_loops(path: str) -> int:
+    """The overlap kernel's loops over the blocks: masked top, unmasked middle, and with a
+    window a masked bottom."""
+    return 3 if "window" in path else 2
+
+
 def assert_sm90_ptx(ptx: str, dtype: str, head_dim: int) -> None:
     """The hardware path is in the PTX: WGMMA of both GEMMs' shapes, TMA, ex2, setmaxnreg."""
     missing = [spelling for spelling in PTX_MUST_HAVE if spelling not in ptx]
@@ -127,12 +148,8 @@ def test_sm90_full_compiles_without_spills(
     """Every variant ``own-sm90-full`` compiles (GQA, per-batch lengths, with or without a
     window, causal or not) builds for sm_90a with the hardware path, the guard of the zeroed V
     rows, and no register spills (ptxas' report of the same compile)."""
-    kernel = _sm90(dtype, head_dim, causal)
-    options = f"--keep-ptx --dump-dir={tmp_path} remarks{{ptx}}"
-    ptx = _ptx(kernel.compile(options=options, varlen=True, window=window))
-    assert_sm90_ptx(ptx, dtype, head_dim)
-    missing = [spelling for spelling in PTX_VARLEN_MUST_HAVE if spelling not in ptx]
-    assert not missing, f"PTX lacks {missing}"
+    path = "varlen+window" if window else "varlen"
+    _variant_ptx(_sm90(dtype, head_dim, causal), dtype, head_dim, path, tmp_path)
     assert_no_spills("".join(capfd.readouterr()))
 
 
@@ -153,18 +170,12 @@ def test_sm90_overlap_compiles_without_spills(
     over the blocks one ``wgmma.wait_group 1`` (S ready, PV still in flight) between the commit
     of both GEMMs and the final ``wait_group 0``; the WGMMA group count (two per loop iteration,
     plus the first block's S and the last block's PV) says both GEMMs are issued in the loop."""
-    varlen, window = "varlen" in path, "window" in path
     kernel = _sm90(dtype, head_dim, causal, overlap=True)
-    options = f"--keep-ptx --dump-dir={tmp_path} remarks{{ptx}}"
-    ptx = _ptx(kernel.compile(options=options, varlen=varlen, window=window))
-    assert_sm90_ptx(ptx, dtype, head_dim)
-    loops = 3 if window else 2  # masked top, unmasked middle, masked bottom (window only)
+    ptx = _variant_ptx(kernel, dtype, head_dim, path, tmp_path)
+    loops = _overlap_loops(path)
     assert ptx.count(OVERLAP_WAIT) == loops
     assert ptx.count("wgmma.commit_group.sync.aligned;") == 2 * loops + 2
     assert ptx.count("wgmma.wait_group.sync.aligned 0;") == loops + 2
-    if varlen:
-        missing = [spelling for spelling in PTX_VARLEN_MUST_HAVE if spelling not in ptx]
-        assert not missing, f"PTX lacks {missing}"
     assert_no_spills("".join(capfd.readouterr()))
 
 
@@ -192,12 +203,9 @@ def test_sm90_pingpong_compiles_without_spills(
     one ``bar.arrive`` on its own barrier (2) before the loops, then per loop one ``bar.sync``
     on the warpgroup's barrier before its GEMMs and one ``bar.arrive`` on the other's after
     them, on 256 threads; the overlap's waits as without ping-pong."""
-    varlen, window = "varlen" in path, "window" in path
     kernel = _sm90(dtype, head_dim, causal, overlap=True, pingpong=True)
-    options = f"--keep-ptx --dump-dir={tmp_path} remarks{{ptx}}"
-    ptx = _ptx(kernel.compile(options=options, varlen=varlen, window=window))
-    assert_sm90_ptx(ptx, dtype, head_dim)
-    loops = 3 if window else 2
+    ptx = _variant_ptx(kernel, dtype, head_dim, path, tmp_path)
+    loops = _overlap_loops(path)
     assert ptx.count(OVERLAP_WAIT) == loops
     assert ptx.count("bar.arrive 2, 256;") == 1
     assert len(re.findall(r"bar\.sync %r\d+, 256;", ptx)) == loops
@@ -240,13 +248,10 @@ def test_sm90_longest_first_compiles_without_spills(
     without spills and reverses the query tiles where their work differs (causal or windowed):
     the PTX reads the grid's x extent (``%nctaid.x``) for ``m_block = nctaid.x - 1 - ctaid.x``,
     which no other variant reads."""
-    varlen, window = "varlen" in path, "window" in path
     kernel = _sm90(dtype, head_dim, causal, overlap=True, longest_first=True)
-    options = f"--keep-ptx --dump-dir={tmp_path} remarks{{ptx}}"
-    ptx = _ptx(kernel.compile(options=options, varlen=varlen, window=window))
-    assert_sm90_ptx(ptx, dtype, head_dim)
+    ptx = _variant_ptx(kernel, dtype, head_dim, path, tmp_path)
     assert ptx.count(LONGEST_FIRST_SREG) == 1
-    assert ptx.count(OVERLAP_WAIT) == (3 if window else 2)
+    assert ptx.count(OVERLAP_WAIT) == _overlap_loops(path)
     assert_no_spills("".join(capfd.readouterr()))
 
 
@@ -408,16 +413,13 @@ def test_sm90_smem_epilogue_compiles_without_spills(
     TMA store per 64-column box (``D / 64``) and the wait for its reads, with varlen ``D / 16``
     16-byte shared loads and 16-byte global stores per thread; no 2-byte global store (the
     default epilogue's per-element ``st.global.b16``) is left."""
-    varlen, window = "varlen" in path, "window" in path
     kernel = _sm90(dtype, head_dim, causal, smem_epilogue=True, **dict.fromkeys(knobs, True))
-    options = f"--keep-ptx --dump-dir={tmp_path} remarks{{ptx}}"
-    ptx = _ptx(kernel.compile(options=options, varlen=varlen, window=window))
-    assert_sm90_ptx(ptx, dtype, head_dim)
+    ptx = _variant_ptx(kernel, dtype, head_dim, path, tmp_path)
     missing = [spelling for spelling in SMEM_EPILOGUE_MUST_HAVE if spelling not in ptx]
     assert not missing, f"PTX lacks {missing}"
     assert ptx.count(STMATRIX) == head_dim // 16
     assert "st.global.b16" not in ptx
-    if varlen:
+    if "varlen" in path:
         assert TMA_STORE not in ptx
         assert ptx.count("ld.shared.v4.b32") == ptx.count("st.global.v4.b32") == head_dim // 16
     else:
@@ -544,21 +546,15 @@ def test_sm90_persistent_compiles_without_spills(
     tile, and no pipeline wait uses a literal phase (the states continue across tiles; a state
     restarted per tile would wait on the initial phase again, the hang or the stale read the
     persistent kernel must not have). The overlap loops keep their ``wait_group 1``."""
-    varlen, window = "varlen" in path, "window" in path
     kernel = _sm90(dtype, head_dim, causal, persistent=True, **dict.fromkeys(knobs, True))
-    options = f"--keep-ptx --dump-dir={tmp_path} remarks{{ptx}}"
-    ptx = _ptx(kernel.compile(options=options, varlen=varlen, window=window))
-    assert_sm90_ptx(ptx, dtype, head_dim)
+    ptx = _variant_ptx(kernel, dtype, head_dim, path, tmp_path)
     assert ptx.count(LONGEST_FIRST_SREG) == 2
     assert len(PERSISTENT_Q_RELEASE.findall(ptx)) == 1
     assert not LITERAL_PHASE_WAIT.search(ptx)
     if "overlap" in knobs:
-        assert ptx.count(OVERLAP_WAIT) == (3 if window else 2)
+        assert ptx.count(OVERLAP_WAIT) == _overlap_loops(path)
     else:
         assert OVERLAP_WAIT not in ptx
-    if varlen:
-        missing = [spelling for spelling in PTX_VARLEN_MUST_HAVE if spelling not in ptx]
-        assert not missing, f"PTX lacks {missing}"
     size = kernel.shared_storage.size_in_bytes()
     assert size == PERSISTENT_SMEM[head_dim] and size <= SM90_SMEM_LIMIT
     assert_no_spills("".join(capfd.readouterr()))
