@@ -771,6 +771,18 @@ def test_own_sm90_overlap_switch(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.cpu
+def test_own_sm90_launch_refuses_unknown_knobs() -> None:
+    """Both launches take the knobs by name and refuse any other before touching a tensor (a
+    misspelt knob must not run the default kernel under a variant's name)."""
+    from attention_crossval.kernel.adapters.own_sm90 import launch, launch_full
+
+    with pytest.raises(TypeError, match="overlapp.*longest_first"):
+        launch(None, None, None, None, None, 1.0, causal=True, overlapp=True)
+    with pytest.raises(TypeError, match="smem.*persistent"):
+        launch_full(None, None, None, None, None, 1.0, True, None, None, None, smem=True)
+
+
+@pytest.mark.cpu
 def test_own_sm90_persistent_grid_cap() -> None:
     """The adapters' persistent grid cap: ``num_sms`` when given (no device query), None
     without ``persistent`` (the kernel then takes no cap), an error below 1."""

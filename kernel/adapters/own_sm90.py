@@ -149,27 +149,15 @@ def launch(
     softmax_scale: float,
     *,
     causal: bool,
-    overlap: bool = False,
-    pingpong: bool = False,
-    longest_first: bool = False,
-    smem_epilogue: bool = False,
-    persistent: bool = False,
     num_sms: int | None = None,
+    **knobs: bool,
 ) -> None:
     """Run the kernel on torch CUDA tensors (see :func:`kernel.adapters._cute.launch`);
-    ``overlap``, ``pingpong``, ``longest_first``, ``smem_epilogue`` and ``persistent`` pick the
-    kernel's knobs of those names (each variant compiled and cached apart); ``num_sms`` caps
-    the persistent grid (default: the device's SM count; ignored without ``persistent``)."""
-    knobs = {
-        "overlap": overlap, "pingpong": pingpong, "longest_first": longest_first,
-        "smem_epilogue": smem_epilogue, "persistent": persistent,
-    }  # fmt: skip
-    _check_out_alignment(out, knobs)
-    max_ctas = _max_ctas(q, knobs, num_sms)
-    _cute.launch(
-        "own-sm90", partial(_make_kernel, **knobs), q, k, v, out, lse, softmax_scale,
-        causal=causal, variant=_variant(knobs), max_ctas=max_ctas,
-    )  # fmt: skip
+    ``knobs`` (names from :data:`KNOBS`: ``overlap``, ``pingpong``, ``longest_first``,
+    ``smem_epilogue``, ``persistent``; off when left out) pick the kernel's knobs of those names
+    (each variant compiled and cached apart); ``num_sms`` caps the persistent grid (default:
+    the device's SM count; ignored without ``persistent``)."""
+    _launch("own-sm90", q, k, v, out, lse, softmax_scale, causal, knobs, num_sms)
 
 
 def launch_full(
@@ -184,26 +172,41 @@ def launch_full(
     k_lengths: Any,
     window: tuple[int, int] | None,
     *,
-    overlap: bool = False,
-    pingpong: bool = False,
-    longest_first: bool = False,
-    smem_epilogue: bool = False,
-    persistent: bool = False,
     num_sms: int | None = None,
+    **knobs: bool,
 ) -> None:
     """``own-sm90-full``'s launch (never run): Hq a multiple of Hkv, int32 ``[B]`` CUDA lengths
     (the padded extents where a case has none), ``window`` from :func:`window_bounds`;
     the knobs and ``num_sms`` as in :func:`launch`."""
-    knobs = {
-        "overlap": overlap, "pingpong": pingpong, "longest_first": longest_first,
-        "smem_epilogue": smem_epilogue, "persistent": persistent,
-    }  # fmt: skip
+    _launch(
+        "own-sm90-full", q, k, v, out, lse, softmax_scale, causal, knobs, num_sms, gqa=True,
+        lengths=(q_lengths, k_lengths), window=window,
+    )  # fmt: skip
+
+
+def _launch(
+    name: str,
+    q: Any,
+    k: Any,
+    v: Any,
+    out: Any,
+    lse: Any,
+    softmax_scale: float,
+    causal: bool,
+    knobs: dict[str, bool],
+    num_sms: int | None,
+    **full: Any,
+) -> None:
+    """What :func:`launch` and :func:`launch_full` share: the knobs checked, the output's
+    alignment for ``smem_epilogue``, the persistent grid cap, one cached compile per variant;
+    ``full`` holds ``own-sm90-full``'s GQA, lengths and window."""
+    unknown = sorted(set(knobs) - set(KNOBS))
+    if unknown:
+        raise TypeError(f"unknown knobs {unknown}: the kernel's are {list(KNOBS)}")
     _check_out_alignment(out, knobs)
-    max_ctas = _max_ctas(q, knobs, num_sms)
     _cute.launch(
-        "own-sm90-full", partial(_make_kernel, **knobs), q, k, v, out, lse, softmax_scale,
-        causal=causal, gqa=True, lengths=(q_lengths, k_lengths), window=window,
-        variant=_variant(knobs), max_ctas=max_ctas,
+        name, partial(_make_kernel, **knobs), q, k, v, out, lse, softmax_scale, causal=causal,
+        variant=_variant(knobs), max_ctas=_max_ctas(q, knobs, num_sms), **full,
     )  # fmt: skip
 
 
