@@ -29,6 +29,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.machine import cpu_model  # noqa: E402
+from benchmarks.timing import tflops  # noqa: E402
 
 # (B, H, S, D, causal)
 ROWS: tuple[tuple[int, int, int, int, bool], ...] = (
@@ -65,20 +66,6 @@ VARIANTS: dict[str, dict[str, bool]] = {
 # the same kernel.
 DEFAULT_VARIANTS = ("default", "overlap", "overlap+lf", "overlap+lf+smem", "all", "overlap+persist")
 NAN = float("nan")
-
-
-def timed(flops: float, fn: Callable[[], object], warmup: int, rep: int) -> float:
-    """TFLOP/s of ``fn`` (one call first: compile and errors outside the timing), NaN with the
-    traceback on stderr when it fails."""
-    from triton.testing import do_bench
-
-    try:
-        fn()
-        return flops / do_bench(fn, warmup=warmup, rep=rep) / 1e9
-    except Exception:  # noqa: BLE001 - a failing kernel gives NaN in the table
-        print(f"--- {getattr(fn, '__name__', fn)} failed:", file=sys.stderr)
-        traceback.print_exc()
-        return NAN
 
 
 def row(
@@ -130,7 +117,7 @@ def row(
     cudnn.__name__ = f"cuDNN SDPA {B}x{H}x{S} D={D} causal={causal}"
     result: dict[str, Any] = {}
     for name, call in calls.items():
-        result[name] = timed(flops, call, warmup, rep)
+        result[name] = tflops(flops, call, warmup=warmup, rep=rep)
         print(f"  {call.__name__}: {result[name]:.0f} TFLOP/s", flush=True)
     for name in variants:
         out = outs[name].float()

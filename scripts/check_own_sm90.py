@@ -27,12 +27,13 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from benchmarks.timing import tflops  # noqa: E402
 
 ACCURACY_SHAPES = [  # (B, H, Sq, Sk, D, dtype, causal)
     (2, 3, 256, 256, 128, "bfloat16", False),
@@ -111,17 +112,6 @@ def run_pytest(rows: list[str], *, timeout_s: float) -> None:
         rows.append(f"pytest    TIMEOUT after {timeout_s:.0f} s")
 
 
-def _tflops(flops: float, fn: Callable[[], object]) -> float:
-    from triton.testing import do_bench
-
-    try:
-        fn()
-        return flops / do_bench(fn) / 1e9
-    except Exception:  # noqa: BLE001 - a failing backend gives NaN in the table
-        traceback.print_exc()
-        return float("nan")
-
-
 def _bench_shape(B: int, H: int, S: int, D: int, causal: bool) -> list[float]:
     """TFLOP/s of own-sm90, SDPA FLASH and SDPA cuDNN on one bf16 shape (Sq == Sk, so SDPA's
     top-left causal equals the kernel's bottom-right)."""
@@ -134,12 +124,12 @@ def _bench_shape(B: int, H: int, S: int, D: int, causal: bool) -> list[float]:
     q, k, v = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     out = torch.empty_like(q)
     lse = torch.empty(B, H, S, device="cuda", dtype=torch.float32)
-    cells = [_tflops(flops, partial(launch, q, k, v, out, lse, D**-0.5, causal=causal))]
+    cells = [tflops(flops, partial(launch, q, k, v, out, lse, D**-0.5, causal=causal))]
     qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))
     sdpa = partial(torch.nn.functional.scaled_dot_product_attention, qt, kt, vt, is_causal=causal)
     for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION):
         with sdpa_kernel(backend):
-            cells.append(_tflops(flops, sdpa))
+            cells.append(tflops(flops, sdpa))
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):  # sanity: a fast wrong kernel is no result
         cells.append((out.float() - sdpa().transpose(1, 2).float()).abs().max().item())
     return cells

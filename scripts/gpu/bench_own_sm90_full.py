@@ -5,21 +5,11 @@ result). Lines starting with ``bench`` are the result."""
 from __future__ import annotations
 
 import traceback
-from collections.abc import Callable
 
 import torch
-from triton.testing import do_bench
 
 from attention_crossval.kernel.adapters.own_sm90 import launch, launch_full
-
-
-def tflops(flops: float, fn: Callable[[], object]) -> float:
-    try:
-        fn()
-        return flops / do_bench(fn) / 1e9
-    except Exception:  # noqa: BLE001 - a failing kernel gives NaN in the table
-        traceback.print_exc()
-        return float("nan")
+from benchmarks.timing import tflops
 
 
 def shape(B: int, Hq: int, Hkv: int, S: int, D: int, causal: bool) -> str:
