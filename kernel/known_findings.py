@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from attention_crossval.kernel.verdict import BACKWARD_CHECKS, CHECKS, Finding, Verdict
-from attention_crossval.reference.case import INPUT_DTYPES, AttentionCase, Mask
+from attention_crossval.reference.case import AttentionCase, Mask
+from attention_crossval.reference.precision import cast_input
 
 if TYPE_CHECKING:
     from attention_crossval.kernel.spec import KernelAdapter, KernelSpec
@@ -287,7 +288,7 @@ def trigger_case(spec: KernelSpec, known: KnownFinding) -> AttentionCase:
             "kernel.known_findings.trigger_case"
         )
     q, k, v = (rng.standard_normal((B, S, 2, d)) for S, d in ((Sq, D), (Sk, D), (Sk, Dv)))
-    arrays = (a.astype(INPUT_DTYPES[dtype]) for a in (q, k, v))
+    arrays = (cast_input(a, dtype) for a in (q, k, v))
     return AttentionCase(*arrays, mask=mask, label=f"trigger:{known.check}", **options)
 
 
@@ -300,7 +301,7 @@ def _dominant_sink_case(
     q = np.full((1, 1, 2, D), 4.0)
     k = np.full((1, tile_n, 2, D), -4.0)
     v = rng.standard_normal((1, tile_n, 2, Dv))
-    arrays = (a.astype(INPUT_DTYPES[dtype]) for a in (q, k, v))
+    arrays = (cast_input(a, dtype) for a in (q, k, v))
     return AttentionCase(
         *arrays, softmax_scale=1.0, sink=np.zeros(2, np.float32), label="trigger:nonfinite"
     )

@@ -64,6 +64,7 @@ from attention_crossval.properties._strategies.surface import SURFACES, surface_
 from attention_crossval.properties._strategies.varlen import long_decode_cases, varlen_batches
 from attention_crossval.reference.case import INPUT_DTYPES, AttentionCase, CausalAlignment
 from attention_crossval.reference.gradients import BackwardCase
+from attention_crossval.reference.precision import cast_input
 
 # The reference tiers as a "kernel": every dtype and mask, small head dims and tiles so CPU
 # runs see many blocks per row (tile_m != tile_n catches the two being swapped).
@@ -132,7 +133,7 @@ def _regular_case(
         noise=noise,
     )
     with np.errstate(all="ignore"):  # rounding huge/non-finite padding to 16 bits is intended
-        q, k, v = (a.astype(INPUT_DTYPES[dtype]) for a in dist.build(ctx))
+        q, k, v = (cast_input(a, dtype) for a in dist.build(ctx))
     return AttentionCase(q, k, v, softmax_scale, mask, label=f"dist={dist.name} dtype={dtype}")
 
 

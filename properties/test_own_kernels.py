@@ -38,8 +38,9 @@ from attention_crossval.properties.test_kernels import (  # noqa: F401 - autouse
 from attention_crossval.properties.test_kernels import (
     test_kernel_passes_every_check as _kernel_property,
 )
-from attention_crossval.reference.case import INPUT_DTYPES, AttentionCase, Mask
+from attention_crossval.reference.case import AttentionCase, Mask
 from attention_crossval.reference.masks import visible
+from attention_crossval.reference.precision import cast_input
 
 HAS_CUTLASS = importlib.util.find_spec("cutlass") is not None
 needs_cutlass = pytest.mark.skipif(
@@ -840,7 +841,7 @@ def _case(
     q = 0.5 + 0.05 * rng.standard_normal((2, Sq, H, D))
     k = np.linspace(0.0, 2.0, Sk)[None, :, None, None] + 0.1 * rng.standard_normal((2, Sk, Hkv, D))
     v = rng.standard_normal((2, Sk, Hkv, D))
-    arrays = (a.astype(INPUT_DTYPES[dtype]) for a in (q, k, v))
+    arrays = (cast_input(a, dtype) for a in (q, k, v))
     return AttentionCase(*arrays, mask=Mask(**mask), label=f"own-sm90 {Sq}x{Sk}")
 
 

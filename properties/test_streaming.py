@@ -19,7 +19,7 @@ from attention_crossval.reference import streaming as reference_streaming
 from attention_crossval.reference.case import AttentionCase, Mask
 from attention_crossval.reference.exact import exact_attention
 from attention_crossval.reference.masks import empty_rows
-from attention_crossval.reference.precision import StreamingPrecision, round_to
+from attention_crossval.reference.precision import StreamingPrecision, cast_input, round_to
 from attention_crossval.reference.streaming import RescaleTrace, streaming_attention
 
 pytestmark = pytest.mark.cpu
@@ -279,6 +279,17 @@ def test_log_constants_are_defined_once_in_precision() -> None:
         assert getattr(reference_streaming, name) is shared, name
         assert getattr(reference_bounds, name) is shared, name
     assert reference_precision.LOG2_E * reference_precision.LN_2 == pytest.approx(1.0, rel=1e-15)
+
+
+def test_cast_input_rounds_float64_to_bfloat16_once() -> None:
+    """Case builders cast with ``cast_input``: one correct rounding whatever ml_dtypes does (before
+    0.7 its float64 cast went through float32: these two ties broke the wrong way)."""
+    x = np.array([1.33984374, 1 + 2.0**-8 + 2.0**-40, np.nan, 1e39, -3.0])
+    cast = cast_input(x, "bfloat16")
+    assert cast.dtype.name == "bfloat16"
+    expected = [1.3359375, 1.0078125, np.nan, np.inf, -3.0]
+    np.testing.assert_array_equal(cast.astype(np.float64), expected)
+    assert cast_input(x, "float16").dtype == np.float16
 
 
 def test_round_to_overflows_to_inf_without_a_warning() -> None:

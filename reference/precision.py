@@ -28,10 +28,10 @@ _ROUNDING_DTYPES = {
 def round_to(x: np.ndarray, dtype: str) -> np.ndarray:
     """Round ``x`` to ``dtype`` (round to nearest even) and return it as float64 values.
 
-    float64 -> bfloat16 is done on the float64 bits: ml_dtypes goes through float32 and double
-    rounds (docs/numerics.md#rounding). float32 input converts directly. Values beyond the
-    dtype's range become +-inf, silently: a kernel's output overflows the same way (regression:
-    properties/test_streaming.py::test_round_to_overflows_to_inf_without_a_warning).
+    float64 -> bfloat16 is done on the float64 bits: ml_dtypes before 0.7 goes through float32
+    and double rounds (docs/numerics.md#rounding). float32 input converts directly. Values
+    beyond the dtype's range become +-inf, silently: a kernel's output overflows the same way
+    (regression: properties/test_streaming.py::test_round_to_overflows_to_inf_without_a_warning).
     """
     if dtype not in _ROUNDING_DTYPES:
         raise ValueError(f"dtype={dtype!r} must be one of {sorted(_ROUNDING_DTYPES)}")
@@ -40,6 +40,18 @@ def round_to(x: np.ndarray, dtype: str) -> np.ndarray:
         return _round_float64_to_bfloat16(x)
     with np.errstate(over="ignore"):  # beyond the dtype's range is +-inf, as IEEE rounding gives
         return x.astype(_ROUNDING_DTYPES[dtype]).astype(np.float64)
+
+
+def cast_input(x: np.ndarray, dtype: str) -> np.ndarray:
+    """``x`` as an array of the input dtype ``dtype`` (``reference.case.INPUT_DTYPES``),
+    rounded once to nearest even. float64 -> bfloat16 goes through :func:`round_to`: ml_dtypes
+    before 0.7 rounded through float32 (twice), 0.7 rounds directly, so a plain ``astype`` made
+    a recipe's inputs depend on the installed version (one value in 76,800 of a ramp recipe)."""
+    x = np.asarray(x)
+    if dtype == "bfloat16" and x.dtype == np.float64:
+        x = round_to(x, "bfloat16")  # bf16 values: the cast below is exact
+    with np.errstate(over="ignore"):  # beyond the range is +-inf, as round_to gives
+        return x.astype(INPUT_DTYPES[dtype])
 
 
 def _round_float64_to_bfloat16(x: np.ndarray) -> np.ndarray:

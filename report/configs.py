@@ -37,6 +37,7 @@ from attention_crossval.reference.case import (
     Mask,
     check_element_budget,
 )
+from attention_crossval.reference.precision import cast_input
 
 MASK_KINDS = (
     "none",
@@ -225,8 +226,7 @@ class Config:
         )
         with np.errstate(all="ignore"):  # huge or non-finite values in padding are intended
             q, k, v = (
-                a.astype(INPUT_DTYPES[self.dtype])
-                for a in DISTRIBUTIONS[self.distribution].build(context)
+                cast_input(a, self.dtype) for a in DISTRIBUTIONS[self.distribution].build(context)
             )
         for array in (q, k, v):  # owned and read-only: the case takes them without a copy
             array.setflags(write=False)

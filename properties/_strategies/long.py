@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from attention_crossval.kernel.spec import KernelSpec
 from attention_crossval.properties._strategies.scores import DISTRIBUTIONS, BuildContext
 from attention_crossval.properties._strategies.shapes import Shape
-from attention_crossval.reference.case import INPUT_DTYPES, AttentionCase, Mask, element_budget
+from attention_crossval.reference.case import AttentionCase, Mask, element_budget
+from attention_crossval.reference.precision import cast_input
 
 LONG_KINDS = ("decode", "prefill", "varlen", "ramp")
 _PLAIN = ("gaussian", "near_ties", "last_block_spike", "large_v")  # builders needing no padding
@@ -71,7 +72,7 @@ def _long_cases(
         noise=0.0,
     )
     with np.errstate(all="ignore"):
-        q, k, v = (a.astype(INPUT_DTYPES[dtype]) for a in DISTRIBUTIONS[name].build(ctx))
+        q, k, v = (cast_input(a, dtype) for a in DISTRIBUTIONS[name].build(ctx))
     event(f"long context: {kind}")
     label = f"dist={name} dtype={dtype} long={kind}-q{Sq}-k{Sk}-h{Hq}/{Hkv}"
     return AttentionCase(q, k, v, mask=mask, label=label)

@@ -23,7 +23,8 @@ from attention_crossval.properties._strategies.shapes import (
     head_counts,
     tile_aware_lengths,
 )
-from attention_crossval.reference.case import INPUT_DTYPES, AttentionCase, Mask
+from attention_crossval.reference.case import AttentionCase, Mask
+from attention_crossval.reference.precision import cast_input
 
 _PLAIN = ("gaussian", "ramp", "near_ties", "large_v")  # builders that need no key padding
 
@@ -43,7 +44,7 @@ def _build(
         tile_n=spec.tile_n,
         noise=draw(st.sampled_from([0.0, 0.25, 1.0])),
     )
-    q, k, v = (a.astype(INPUT_DTYPES[dtype]) for a in dist.build(ctx))
+    q, k, v = (cast_input(a, dtype) for a in dist.build(ctx))
     return AttentionCase(q, k, v, mask=mask, label=f"dist={dist.name} dtype={dtype} {label}")
 
 
