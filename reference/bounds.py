@@ -396,21 +396,28 @@ def _row_chunks(case: AttentionCase, chain: _Chain, block_n: int, kv_order: str)
     heavy_elements = min(case.Sk, _HEAVY_KEYS) * case.Dv  # per row in _weighted_abs_dev
     rows_per_chunk = max(1, _ROW_CHUNK_ELEMENTS // max(case.Sk, heavy_elements // 8, 1))
     for b in range(case.B):
+        keys = None  # (kv head, K as finite float64, |K| in float32), shared by its query heads
         for h in range(case.Hq):
-            k = _finite(case.k[b, :, case.kv_head(h), :])  # padding may hold NaN: never seen
+            if keys is None or keys[0] != case.kv_head(h):
+                k = _finite(case.k[b, :, case.kv_head(h), :])  # padding may hold NaN: never seen
+                abs_k = k.astype(np.float32)  # exact: K holds 16/32-bit values
+                keys = (case.kv_head(h), k, np.abs(abs_k, out=abs_k))
+            _, k, abs_k = keys
             for r0 in range(0, case.Sq, rows_per_chunk):
                 rows = slice(r0, min(r0 + rows_per_chunk, case.Sq))
                 seen = visible(case, b, h, rows)
                 q = case.q[b, rows, h, :].astype(np.float64)
                 q = np.where(seen.any(axis=1)[:, None], q, 0)  # padded query rows too
-                yield _weights(case, b, h, rows, seen, q, k, chain, block_n, kv_order)
+                yield _weights(case, b, h, rows, seen, q, (k, abs_k), chain, block_n, kv_order)
 
 
 def _weights(
-    case: AttentionCase, b, h, rows, seen, q, k, chain: _Chain, block_n: int, kv_order: str
+    case: AttentionCase, b, h, rows, seen, q, keys, chain: _Chain, block_n: int, kv_order: str
 ) -> _RowChunk:
-    """Float64 p, l, m of a row chunk and the per-key weights of the bound."""
+    """Float64 p, l, m of a row chunk and the per-key weights of the bound; ``keys``: K and
+    ``|K|`` in float32."""
     scale, cap = case.softmax_scale, case.softcap
+    k, abs_k = keys
     scores = q @ k.T
     # s: what the kernel exponentiates with c; the logits themselves under a softcap
     s = scores if cap is None else cap * np.tanh(scale * scores / cap)
@@ -429,7 +436,7 @@ def _weights(
     # ln2 dt_j: sum |q_k k_jk| by a float32 GEMM of exact 16/32-bit magnitudes, whose relative
     # error gamma_D(2^-24) is folded into the constant.
     D = q.shape[1]
-    qk = np.abs(q).astype(np.float32) @ np.abs(k).T.astype(np.float32)
+    qk = np.abs(q).astype(np.float32) @ abs_k.T
     qk_factor = LN_2 * LOG2_E * scale * gamma(D, chain.u_qk) * (1 + gamma(D, 2.0**-24))
     if cap is not None:  # e_j's MMA term passes the scale, /cap, tanh and *cap
         qk_factor *= (1 + chain.eps_tanh) * (1 + chain.u_s) ** 3
@@ -521,8 +528,9 @@ def _finite(x: np.ndarray) -> np.ndarray:
     """float64 copy with non-finite entries (padding, keys no row sees) set to 0: a visible
     key is finite, and a masked one only ever meets a weight of 0."""
     with np.errstate(invalid="ignore", over="ignore"):
-        x = np.asarray(x, dtype=np.float64)
-    return np.where(np.isfinite(x), x, 0.0)
+        x = np.array(x, dtype=np.float64)  # always a copy: zeroed in place below
+    x[~np.isfinite(x)] = 0.0
+    return x
 
 
 @dataclass(frozen=True)
@@ -538,7 +546,8 @@ class _Values:
     def of(cls, v: np.ndarray) -> _Values:
         v = _finite(v)
         mu = v.mean(axis=0) if len(v) else np.zeros(v.shape[1])
-        return cls(v, np.abs(v), mu, np.abs(v - mu))
+        abs_dev = v - mu
+        return cls(v, np.abs(v), mu, np.abs(abs_dev, out=abs_dev))
 
 
 def _weighted_abs_dev(w: np.ndarray, values: _Values, o: np.ndarray) -> np.ndarray:
