@@ -150,20 +150,21 @@ class CaseReferences:
         case, prec_bits = self.case, self.prec_bits
         heads = [(int(b), int(h)) for b, h in zip(*np.nonzero(rows.any(axis=2)), strict=True)]
 
-        def head(sub: AttentionCase, b: int, h: int) -> tuple:
-            picked = rows[b : b + 1, h : h + 1]
+        def unit(sub: AttentionCase, b: int, hs: tuple[int, ...]) -> list[tuple]:
+            picked = rows[b : b + 1, hs[0] : hs[-1] + 1]
             result = exact_attention(sub, rows=picked, prec_bits=prec_bits)
-            i = np.flatnonzero(picked[0, 0])
-            return (
-                i,
-                (result.o[0, i, 0], result.o_lo[0, i, 0]),
-                tuple(x[0, 0, i] for x in (result.lse, result.o_err_bound, result.lse_err_bound)),
-            )
+            found = []
+            for j in range(len(hs)):
+                i = np.flatnonzero(picked[0, j])
+                per_row = (result.lse, result.o_err_bound, result.lse_err_bound)
+                o_parts = (result.o[0, i, j], result.o_lo[0, i, j])
+                found.append((i, o_parts, tuple(x[0, j, i] for x in per_row)))
+            return found
 
         o, o_lo = (np.full((case.B, case.Sq, case.Hq, case.Dv), np.nan) for _ in "oo")
         lse, o_err, lse_err = (np.full((case.B, case.Hq, case.Sq), np.nan) for _ in "lol")
         for (b, h), (i, (o_part, lo_part), per_row) in zip(
-            heads, map_heads(case, head, heads), strict=True
+            heads, map_heads(case, unit, heads), strict=True
         ):
             o[b, i, h], o_lo[b, i, h] = o_part, lo_part
             lse[b, h, i], o_err[b, h, i], lse_err[b, h, i] = per_row
@@ -238,7 +239,7 @@ class CaseReferences:
         from attention_crossval.reference.splitkv import splitkv_attention
         from attention_crossval.reference.streaming import RescaleTrace, streaming_attention
 
-        def head(case: AttentionCase, b: int, h: int) -> tuple:
+        def unit(case: AttentionCase, b: int, hs: tuple[int, ...]) -> list[tuple]:
             trace = RescaleTrace()
             blocks = dict(block_m=tile_m, block_n=tile_n, trace=trace)
             result = (
@@ -246,19 +247,22 @@ class CaseReferences:
                 if case.num_splits == 1
                 else splitkv_attention(case, precision, num_splits=case.num_splits, **blocks)
             )
-            return (
-                result.o[0, :, 0],
-                result.lse[0, 0],
-                trace.rescales[0, 0],
-                trace.visible_blocks[0, 0],
-            )
+            return [
+                (
+                    result.o[0, :, j],
+                    result.lse[0, j],
+                    trace.rescales[0, j],
+                    trace.visible_blocks[0, j],
+                )
+                for j in range(len(hs))
+            ]
 
         def compute():
             case = self._evaluated_case()
             o = np.zeros((case.B, case.Sq, case.Hq, case.Dv))
             lse = np.zeros((case.B, case.Hq, case.Sq))
             rescales, blocks = (np.zeros((case.B, case.Hq, case.Sq), np.int64) for _ in "rb")
-            for (b, h), parts in self._per_head(case, head):
+            for (b, h), parts in self._per_head(case, unit):
                 o[b, :, h], lse[b, h], rescales[b, h], blocks[b, h] = parts
             subset = self.subset()
             index = (lambda i: i) if subset is None else subset.index
@@ -284,16 +288,18 @@ class CaseReferences:
                 block_n=tile_n, tanh_error_ulp=tanh_error_ulp, num_splits=case.num_splits
             )
 
-            def head(sub: AttentionCase, b: int, h: int) -> tuple:
+            def unit(sub: AttentionCase, b: int, hs: tuple[int, ...]) -> list[tuple]:
+                heads = slice(hs[0], hs[-1] + 1)
                 ref = AttentionResult(
-                    o=reference.o[b : b + 1, :, h : h + 1], lse=reference.lse[b : b + 1, h : h + 1]
+                    o=reference.o[b : b + 1, :, heads], lse=reference.lse[b : b + 1, heads]
                 )
                 bound = error_bound(sub, ref, precision, **options)
-                return bound[0, :, 0], lse_error_bound(sub, ref, precision, **options)[0, 0]
+                lse_bound = lse_error_bound(sub, ref, precision, **options)
+                return [(bound[0, :, j], lse_bound[0, j]) for j in range(len(hs))]
 
             bound = np.zeros((case.B, case.Sq, case.Hq, case.Dv))
             lse_bound = np.zeros((case.B, case.Hq, case.Sq))
-            for (b, h), (o_part, lse_part) in self._per_head(case, head):
+            for (b, h), (o_part, lse_part) in self._per_head(case, unit):
                 bound[b, :, h], lse_bound[b, h] = o_part, lse_part
             subset = self.subset()
             if subset is None:
@@ -303,9 +309,10 @@ class CaseReferences:
         return self._timed(("bound", precision, tile_n, tanh_error_ulp), "bound_s", compute)
 
     def _per_head(self, case: AttentionCase, function: Callable) -> list[tuple[tuple, Any]]:
-        """``((b, h), function(head case, b, h))`` for every batch and query head of ``case``:
-        forked workers for a long case or one of at least :data:`PARALLEL_KEYS` keys
-        (``reference.parallel``), else one call on each head here."""
+        """``((b, h), result)`` for every batch and query head of ``case``, ``function(unit
+        case, b, heads)`` giving the results of a unit's heads (``reference.parallel``):
+        forked workers for a long case or one of at least :data:`PARALLEL_KEYS` keys, else
+        every unit here."""
         from attention_crossval.reference.parallel import map_heads
 
         heads = [(b, h) for b in range(case.B) for h in range(case.Hq)]
