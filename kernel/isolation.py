@@ -229,6 +229,7 @@ class IsolatedKernel:
     _declared: tuple[KernelSpec, tuple[frozenset[str], frozenset[str]]] | None = field(
         default=None, repr=False
     )
+    _handshake_pending: bool = field(default=False, repr=False)  # launched, "ready" not read
 
     def __post_init__(self) -> None:
         from attention_crossval.kernel.registry import factory_path
@@ -259,10 +260,17 @@ class IsolatedKernel:
         return self._declaration()[1][1]
 
     def _declaration(self) -> tuple[KernelSpec, tuple[frozenset[str], frozenset[str]]]:
-        if self._declared is None:
+        if self._declared is None or self._handshake_pending:
             self.start()
         assert self._declared is not None
         return self._declared
+
+    def launch(self) -> None:
+        """Spawn the worker without waiting for it: its start (spawn, imports, CUDA, kernel
+        set-up; seconds for a GPU kernel) then overlaps the caller's own work, such as building
+        a case, until the next call that needs the worker waits for its handshake."""
+        if self._process is None or not self._process.is_alive():
+            self._spawn()
 
     def start(self) -> None:
         """Start the worker; ValueError naming the kernel if it cannot load, set up or answer."""
@@ -280,7 +288,7 @@ class IsolatedKernel:
     def call(self, case: Any, prefill: str, *, method: str = "run") -> Run:
         """Run ``case`` in the worker (started first if needed) and return its answer:
         ``method`` "run" is the forward, "backward" the backward (a ``BackwardCase``)."""
-        if self._process is None or not self._process.is_alive():
+        if self._process is None or not self._process.is_alive() or self._handshake_pending:
             self._start()
         reply = self._request((method, outbound(case), prefill), self.timeout_s, "hang")
         if reply[0] == "declined":
@@ -309,7 +317,7 @@ class IsolatedKernel:
             self.close(kill=True)
             raise KernelCrashed("crash", f"worker process died ({_exit_reason(code)})") from None
 
-    def _start(self) -> None:
+    def _spawn(self) -> None:
         context = multiprocessing.get_context("spawn")
         parent, child = context.Pipe()
         self._process = context.Process(
@@ -318,6 +326,17 @@ class IsolatedKernel:
         self._process.start()
         child.close()
         self._conn = parent
+        self._handshake_pending = True
+
+    def _start(self) -> None:
+        """Spawn the worker unless a launched one is alive, then wait for its handshake (a
+        worker that already gave it is left as it is)."""
+        alive = self._process is not None and self._process.is_alive()
+        if alive and not self._handshake_pending:
+            return
+        if not alive:
+            self._spawn()
+        self._handshake_pending = False  # whatever comes next is the handshake or a failure
         try:
             reply = self._request(
                 None, self.start_timeout_s, "worker start: spawn, imports, kernel set-up"
@@ -344,6 +363,7 @@ class IsolatedKernel:
             self._process.join(timeout=10)
         self._conn.close()
         self._process = self._conn = None
+        self._handshake_pending = False
 
 
 def _exit_reason(code: int | None) -> str:

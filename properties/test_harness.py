@@ -151,6 +151,25 @@ def test_call_timeout_excludes_the_worker_start() -> None:
         worker.close()
 
 
+def test_a_launched_worker_starts_while_the_caller_works() -> None:
+    """``launch`` returns before the slow set-up ends (the report builds the case meanwhile);
+    the first call then waits for the handshake, and the call timeout still excludes it."""
+    worker = IsolatedKernel("attention_crossval.properties.test_harness:slow_start", timeout_s=6.0)
+    try:
+        began = time.perf_counter()
+        worker.launch()
+        worker.launch()  # idempotent: one worker
+        assert time.perf_counter() - began < 4.0 and worker._process.is_alive()
+        first = worker._process.pid
+        time.sleep(3.0)  # the caller's own work, overlapping the 8 s set-up
+        run_case(FaultyAdapter("none"), _case(), isolated=worker, compare=False).raise_for()
+        assert worker._process.pid == first and worker.spec.name == "cpu-fault"
+        worker.start()  # a started worker is left as it is
+        assert worker._process.pid == first
+    finally:
+        worker.close()
+
+
 @pytest.mark.parametrize("field", ["timeout_s", "start_timeout_s"])
 @pytest.mark.parametrize("value", [-1, 0, float("nan"), "5", True])
 def test_isolated_kernel_rejects_bad_timeouts(field: str, value: object) -> None:

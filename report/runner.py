@@ -26,6 +26,7 @@ import json
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -38,6 +39,9 @@ from attention_crossval.reference.masks import visible
 from attention_crossval.report.backward import PASSES, backward_section, with_backward
 from attention_crossval.report.cache import ExactCache
 from attention_crossval.report.plotdata import histogram, row_profile
+
+if TYPE_CHECKING:
+    from attention_crossval.kernel.isolation import IsolatedKernel
 from attention_crossval.report.records import clean
 
 TIERS = ("exact", "streaming")
@@ -98,7 +102,7 @@ class Kernel:
 
     name: str
     adapter: object
-    isolated: object | None = None
+    isolated: IsolatedKernel | None = None
 
     @property
     def spec(self):
@@ -111,6 +115,9 @@ def evaluate(
     """Records (dicts, schema in report/schema.json) of ``config``, one per kernel, yielded as
     each finishes so the caller can log it at once."""
     start = time.perf_counter()
+    for kernel in kernels:  # a worker not yet started starts while the case is built
+        if kernel.isolated is not None:
+            kernel.isolated.launch()
     try:
         case = config.build()
     except ValueError as error:
