@@ -1,20 +1,22 @@
 """The project's own CuTe DSL kernels: compile-only checks on the CPU, correctness on the GPU.
 
 CPU (``cutlass`` from nvidia-cutlass-dsl, no GPU): the SM90 kernel compiles for sm_90a in every
-configuration the adapters ``own-sm90`` and ``own-sm90-full`` declare, and the PTX holds the
-instructions that prove the hardware path (WGMMA, TMA, ex2.approx, setmaxnreg honoured through
-``.minnctapersm 1``; for the varlen path of ``own-sm90-full`` also the proxy fence and the named
-barrier that guard the zeroed V rows); ptxas reports no spills. The same for the kernel's
-``overlap=True`` variant (never run on a GPU yet), whose PTX must also show the overlap (a
-``wgmma.wait_group 1`` per loop, which the default kernel never has). The kernel's walk over the KV
+configuration the adapters ``own-sm90`` and ``own-sm90-full`` declare, in the variant they run
+(``DEFAULT_KNOBS``: overlap, longest_first, smem_epilogue) and in the baseline without knobs, and
+the PTX holds the instructions that prove the hardware path (WGMMA, TMA, ex2.approx, setmaxnreg
+honoured through ``.minnctapersm 1``; for the varlen path of ``own-sm90-full`` also the proxy
+fence and the named barrier that guard the zeroed V rows) and the signature of each knob (e.g. a
+``wgmma.wait_group 1`` per loop for the overlap, which the baseline never has); ptxas reports no
+spills. Every knob, and combinations of them, compiles the same way. The kernel's walk over the KV
 blocks (which blocks a query tile visits, which it masks, which V rows it zeroes) is replayed in
 NumPy from the same helpers the kernel calls, and checked against the one visibility predicate
 (reference/masks.py), with GQA-free lengths, causal and windows drawn by Hypothesis.
 
 GPU: the adapters under the defensive harness, on Hypothesis cases inside their declarations
 (the test of properties/test_kernels.py) and on targeted cases (multi-block rescale, seqlen_k
-residue, bottom-right causal with empty rows; for ``own-sm90-full``, which has never run: GQA,
-NaN padding in a partial last block, empty sequences, window edges).
+residue, bottom-right causal with empty rows; for ``own-sm90-full``: GQA, NaN padding in a partial
+last block, empty sequences, window edges); both adapters run ``DEFAULT_KNOBS`` unless
+``ATTENTION_CROSSVAL_SM90_OVERLAP`` picks another variant.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attention_crossval.kernel.adapters.own_sm90 import window_bounds
+from attention_crossval.kernel.adapters.own_sm90 import DEFAULT_KNOBS, window_bounds
 from attention_crossval.kernel.harness import run_case
 from attention_crossval.kernel.registry import BUILTIN, NEVER_RUN, resolve
 from attention_crossval.properties.kernels_under_test import worker
@@ -65,12 +67,15 @@ PTX_MUST_HAVE = (
 # proxy), then the consumer warpgroups' named barrier.
 PTX_VARLEN_MUST_HAVE = ("fence.proxy.async.shared::cta", "bar.sync 1, 256")
 # The overlap knob's signature: wait until one WGMMA group (the PV) is left in flight, while the
-# softmax works on the S the other group produced. The default kernel always waits for all.
+# softmax works on the S the other group produced. The baseline kernel always waits for all.
 OVERLAP_WAIT = "wgmma.wait_group.sync.aligned 1;"
 # The overlap kernel, in each configuration own-sm90 declares, plain and through the varlen +
 # window path of own-sm90-full (3 loops over the blocks), and varlen alone once (2 loops).
 OVERLAP_CONFIGS = [(*config, path) for config in CONFIGS for path in ("plain", "varlen+window")]
 OVERLAP_CONFIGS.append(("bfloat16", 128, True, "varlen"))
+# The adapters' variant (knobs_from_env() when ATTENTION_CROSSVAL_SM90_OVERLAP is unset) and the
+# kernel without knobs (=baseline).
+VARIANT_KNOBS = {"default": dict.fromkeys(DEFAULT_KNOBS, True), "baseline": {}}
 
 
 def _sm90(dtype: str, head_dim: int, causal: bool, **knobs: bool):
@@ -122,35 +127,53 @@ def assert_sm90_ptx(ptx: str, dtype: str, head_dim: int) -> None:
 
 @pytest.mark.cpu
 @needs_cutlass
+@pytest.mark.parametrize("variant", list(VARIANT_KNOBS))
 @pytest.mark.parametrize(("dtype", "head_dim", "causal"), CONFIGS)
 def test_sm90_compiles_to_wgmma_tma_ex2(
-    dtype: str, head_dim: int, causal: bool, tmp_path: Path
+    dtype: str,
+    head_dim: int,
+    causal: bool,
+    variant: str,
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
 ) -> None:
     """Every configuration ``own-sm90`` declares compiles for sm_90a without a GPU, down to the
-    hardware instructions (a silently wrong arch or a scalar fallback would lose them)."""
-    kernel = _sm90(dtype, head_dim, causal)
-    ptx = _ptx(kernel.compile(options=f"--keep-ptx --dump-dir={tmp_path}"))
-    assert_sm90_ptx(ptx, dtype, head_dim)
-    assert "fence.proxy.async.shared::cta" not in ptx  # no varlen path in own-sm90
-    assert OVERLAP_WAIT not in ptx  # the default kernel waits for every WGMMA group
+    hardware instructions (a silently wrong arch or a scalar fallback would lose them), without
+    spills, in the variant the adapter runs (``DEFAULT_KNOBS``, each knob's signature in the
+    PTX) and in the baseline (no knob's signature)."""
+    kernel = _sm90(dtype, head_dim, causal, **VARIANT_KNOBS[variant])
+    ptx = _variant_ptx(kernel, dtype, head_dim, "plain", tmp_path)
+    assert "bar.sync 1, 256" not in ptx  # no varlen path (zeroed V rows) in own-sm90
+    assert_variant_ptx(ptx, variant, head_dim, causal, "plain")
+    assert_no_spills("".join(capfd.readouterr()))
 
 
 @pytest.mark.cpu
 @needs_cutlass
-@pytest.mark.parametrize(("dtype", "head_dim", "causal", "window"), FULL_CONFIGS)
+@pytest.mark.parametrize(
+    ("dtype", "head_dim", "causal", "window", "variant"),
+    [(*config, "default") for config in FULL_CONFIGS]
+    + [(*config, "baseline") for config in FULL_CONFIGS if config[0] == "bfloat16" and config[3]]
+    + [("float16", 64, False, False, "baseline")],
+)
 def test_sm90_full_compiles_without_spills(
     dtype: str,
     head_dim: int,
     causal: bool,
     window: bool,
+    variant: str,
     tmp_path: Path,
     capfd: pytest.CaptureFixture[str],
 ) -> None:
     """Every variant ``own-sm90-full`` compiles (GQA, per-batch lengths, with or without a
     window, causal or not) builds for sm_90a with the hardware path, the guard of the zeroed V
-    rows, and no register spills (ptxas' report of the same compile)."""
+    rows, and no register spills (ptxas' report of the same compile), with ``DEFAULT_KNOBS`` (the
+    adapter's variant: all 16, each knob's signature in the PTX) and as the baseline (5 of them,
+    no knob's signature)."""
     path = "varlen+window" if window else "varlen"
-    _variant_ptx(_sm90(dtype, head_dim, causal), dtype, head_dim, path, tmp_path)
+    kernel = _sm90(dtype, head_dim, causal, **VARIANT_KNOBS[variant])
+    ptx = _variant_ptx(kernel, dtype, head_dim, path, tmp_path)
+    assert_variant_ptx(ptx, variant, head_dim, causal, path)
     assert_no_spills("".join(capfd.readouterr()))
 
 
@@ -165,7 +188,8 @@ def test_sm90_overlap_compiles_without_spills(
     tmp_path: Path,
     capfd: pytest.CaptureFixture[str],
 ) -> None:
-    """The ``overlap=True`` kernel (compiled, never run on a GPU yet) builds for sm_90a with the
+    """The ``overlap=True`` kernel (alone: run on the H200 only in benchmarks/bench_own_sm90.py)
+    builds for sm_90a with the
     hardware path and no register spills (two S-sized fragments live at once: S of the next
     block and P of the current one), and its PTX shows the overlap: per masked / unmasked loop
     over the blocks one ``wgmma.wait_group 1`` (S ready, PV still in flight) between the commit
@@ -199,7 +223,8 @@ def test_sm90_pingpong_compiles_without_spills(
     tmp_path: Path,
     capfd: pytest.CaptureFixture[str],
 ) -> None:
-    """``overlap=True, pingpong=True`` (compiled, never run on a GPU yet) builds without spills
+    """``overlap=True, pingpong=True`` (run on the H200 only in the benchmark) builds without
+    spills
     and with the turn-taking of the two consumer warpgroups in the PTX: the first warpgroup's
     one ``bar.arrive`` on its own barrier (2) before the loops, then per loop one ``bar.sync``
     on the warpgroup's barrier before its GEMMs and one ``bar.arrive`` on the other's after
@@ -245,7 +270,7 @@ def test_sm90_longest_first_compiles_without_spills(
     tmp_path: Path,
     capfd: pytest.CaptureFixture[str],
 ) -> None:
-    """``longest_first=True`` (on top of ``overlap``; compiled, never run on a GPU yet) builds
+    """``longest_first=True`` (on top of ``overlap``; part of ``DEFAULT_KNOBS``) builds
     without spills and reverses the query tiles where their work differs (causal or windowed):
     the PTX reads the grid's x extent (``%nctaid.x``) for ``m_block = nctaid.x - 1 - ctaid.x``,
     which no other variant reads."""
@@ -294,8 +319,9 @@ def test_sm90_longest_first_order_is_a_permutation() -> None:
 @pytest.mark.cpu
 @needs_cutlass
 def test_sm90_has_no_register_spills(capfd: pytest.CaptureFixture[str]) -> None:
-    """ptxas (run by the DSL with ``remarks{ptx}``) reports 0 spill bytes for the largest
-    configuration (D = 128, causal: most live registers)."""
+    """ptxas (run by the DSL with ``remarks{ptx}``) reports 0 spill bytes for the baseline
+    kernel's largest configuration (D = 128, causal: most live registers; the adapters' variant
+    is checked for spills in every configuration above)."""
     _sm90("bfloat16", 128, True).compile(options="remarks{ptx}")
     assert_no_spills("".join(capfd.readouterr()))
 
@@ -396,6 +422,23 @@ SMEM_EPILOGUE_CONFIGS = [
 ]
 
 
+def assert_variant_ptx(ptx: str, variant: str, head_dim: int, causal: bool, path: str) -> None:
+    """Each knob of ``variant`` (:data:`VARIANT_KNOBS`) leaves its signature in the PTX, and the
+    baseline none: the overlap's ``wait_group 1`` per loop over the blocks; longest-first's read
+    of ``%nctaid.x`` where query tiles differ in work (causal or a window; otherwise the knob
+    compiles to nothing); the shared-memory epilogue's ``stmatrix`` and no 2-byte global store,
+    then without varlen its TMA store, where the baseline stores O element by element."""
+    assert set(DEFAULT_KNOBS) == {"overlap", "longest_first", "smem_epilogue"}  # what is checked
+    if variant == "baseline":
+        assert OVERLAP_WAIT not in ptx and LONGEST_FIRST_SREG not in ptx
+        assert STMATRIX not in ptx and TMA_STORE not in ptx and "st.global.b16" in ptx
+        return
+    assert ptx.count(OVERLAP_WAIT) == _overlap_loops(path)
+    assert ptx.count(LONGEST_FIRST_SREG) == (1 if causal or "window" in path else 0)
+    assert ptx.count(STMATRIX) == head_dim // 16 and "st.global.b16" not in ptx
+    assert ptx.count(TMA_STORE) == (0 if "varlen" in path else head_dim // 64)
+
+
 @pytest.mark.cpu
 @needs_cutlass
 @pytest.mark.parametrize(("dtype", "head_dim", "causal", "path", "knobs"), SMEM_EPILOGUE_CONFIGS)
@@ -408,12 +451,12 @@ def test_sm90_smem_epilogue_compiles_without_spills(
     tmp_path: Path,
     capfd: pytest.CaptureFixture[str],
 ) -> None:
-    """``smem_epilogue=True`` (alone or with the other knobs; compiled, never run on a GPU yet)
+    """``smem_epilogue=True`` (alone or with the other knobs; part of ``DEFAULT_KNOBS``)
     builds without spills, and O leaves in wide stores only: ``D / 16`` ``stmatrix.x4`` per
     thread into the Q buffer, the proxy fence and the epilogue barrier, then without varlen one
     TMA store per 64-column box (``D / 64``) and the wait for its reads, with varlen ``D / 16``
     16-byte shared loads and 16-byte global stores per thread; no 2-byte global store (the
-    default epilogue's per-element ``st.global.b16``) is left."""
+    baseline epilogue's per-element ``st.global.b16``) is left."""
     kernel = _sm90(dtype, head_dim, causal, smem_epilogue=True, **dict.fromkeys(knobs, True))
     ptx = _variant_ptx(kernel, dtype, head_dim, path, tmp_path)
     missing = [spelling for spelling in SMEM_EPILOGUE_MUST_HAVE if spelling not in ptx]
@@ -541,7 +584,7 @@ def test_sm90_persistent_compiles_without_spills(
     tmp_path: Path,
     capfd: pytest.CaptureFixture[str],
 ) -> None:
-    """``persistent=True`` (with or without ``overlap``; compiled, never run on a GPU yet)
+    """``persistent=True`` (with or without ``overlap``; run on the H200 only in the benchmark)
     builds without spills in shared memory an SM90 CTA has, and its PTX shows the tile loop:
     both roles read ``%nctaid.x`` (the loop stride), the consumers release the Q stage once per
     tile, and no pipeline wait uses a literal phase (the states continue across tiles; a state
@@ -564,8 +607,8 @@ def test_sm90_persistent_compiles_without_spills(
 @pytest.mark.cpu
 @needs_cutlass
 def test_sm90_one_tile_kernel_waits_on_literal_phases(tmp_path: Path) -> None:
-    """The control of the literal-phase check above: the default kernel's first waits use the
-    constant initial phase, and it reads no ``%nctaid.x`` nor releases Q."""
+    """The control of the literal-phase check above: the one-tile baseline kernel's first waits
+    use the constant initial phase, and it reads no ``%nctaid.x`` nor releases Q."""
     ptx = _ptx(_sm90("bfloat16", 128, True).compile(options=f"--keep-ptx --dump-dir={tmp_path}"))
     assert LITERAL_PHASE_WAIT.search(ptx)
     assert LONGEST_FIRST_SREG not in ptx and not PERSISTENT_Q_RELEASE.search(ptx)
@@ -729,8 +772,8 @@ def test_kernel_block_walk_sees_exactly_the_visible_keys(
 @pytest.mark.cpu
 def test_own_sm90_declarations() -> None:
     """``own-sm90`` keeps the declaration it was run and checked with on the H200;
-    ``own-sm90-full`` adds GQA, varlen (padded rows unwritten) and windows, and stays out of the
-    default kernels until it has run on a GPU."""
+    ``own-sm90-full`` adds GQA, varlen (padded rows unwritten) and windows, and is among the
+    default kernels since its suite passed on the H200 (no longer in ``NEVER_RUN``)."""
     from attention_crossval.kernel.adapters import _cute
     from attention_crossval.kernel.adapters.own_sm90 import FULL_MAX_SEQLEN
 
@@ -739,42 +782,51 @@ def test_own_sm90_declarations() -> None:
     assert not plain.gqa and plain.mask_kinds == {"causal"}
     assert full.gqa and full.mask_kinds == {"causal", "window", "varlen"}
     assert (full.padded_rows, full.max_seqlen) == ("unwritten", FULL_MAX_SEQLEN)
-    assert BUILTIN["own-sm90-full"][1] == BUILTIN["own-sm90"][1] and "own-sm90-full" in NEVER_RUN
+    assert BUILTIN["own-sm90-full"][1] == BUILTIN["own-sm90"][1]
+    assert "own-sm90" not in NEVER_RUN and "own-sm90-full" not in NEVER_RUN
 
 
 @pytest.mark.cpu
 def test_own_sm90_overlap_switch(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The development switch: ``ATTENTION_CROSSVAL_SM90_OVERLAP=1`` makes the registered
-    adapters run the overlap kernel, ``=pingpong`` the overlap + ping-pong one, a
-    comma-separated list of knob names those knobs (``pingpong`` bringing ``overlap``); unset,
-    empty or 0 keeps the default, anything else fails loudly, naming the variable and the
-    allowed values (a typo must not pass off the default kernel's results as a variant's)."""
+    """The variant switch: unset, empty or ``default``, ``ATTENTION_CROSSVAL_SM90_OVERLAP`` makes
+    the registered adapters run ``DEFAULT_KNOBS`` (overlap, longest_first, smem_epilogue, the
+    fastest variant measured on the H200); ``baseline`` or ``0`` the kernel without knobs, ``1``
+    overlap alone, ``pingpong`` overlap + ping-pong, a comma-separated list of knob names
+    exactly those knobs (``pingpong`` bringing ``overlap``); anything else fails loudly, naming
+    the variable and the allowed values (a typo must not pass off the default kernel's results
+    as a variant's)."""
     from attention_crossval.kernel.adapters.own_sm90 import KNOBS, OVERLAP_ENV, knobs_from_env
 
+    default = {"overlap": True, "longest_first": True, "smem_epilogue": True}
+    assert dict.fromkeys(DEFAULT_KNOBS, True) == default
     monkeypatch.delenv(OVERLAP_ENV, raising=False)
-    assert knobs_from_env() == {}
+    assert knobs_from_env() == default
+    knobs_from_env()["pingpong"] = True  # a copy: the next call is still the default
+    assert knobs_from_env() == default
     pingpong = {"overlap": True, "pingpong": True}
     lf = {"overlap": True, "longest_first": True}
     for value, expected in (
-        ("", {}), ("0", {}), ("1", {"overlap": True}), ("pingpong", pingpong),
-        ("overlap,longest_first", lf), ("longest_first, overlap", lf), ("pingpong", pingpong),
+        ("", default), ("default", default), ("0", {}), ("baseline", {}),
+        ("1", {"overlap": True}), ("pingpong", pingpong),
+        ("overlap,longest_first", lf), ("longest_first, overlap", lf),
+        ("overlap,longest_first,smem_epilogue", default),
         ("pingpong,longest_first", {**pingpong, "longest_first": True}),
         (",".join(KNOBS), dict.fromkeys(KNOBS, True)),
         ("overlap,persistent", {"overlap": True, "persistent": True}),
     ):  # fmt: skip
         monkeypatch.setenv(OVERLAP_ENV, value)
         assert knobs_from_env() == expected, value
-    for bad in ("yes", "overlap,typo", "overlap,,longest_first", "overlap,1"):
+    for bad in ("yes", "overlap,typo", "overlap,,longest_first", "overlap,1", "baseline,overlap"):
         monkeypatch.setenv(OVERLAP_ENV, bad)
         with pytest.raises(ValueError, match=OVERLAP_ENV) as error:
             knobs_from_env()
-        assert "longest_first" in str(error.value)
+        assert "longest_first" in str(error.value) and "baseline" in str(error.value)
 
 
 @pytest.mark.cpu
 def test_own_sm90_launch_refuses_unknown_knobs() -> None:
     """Both launches take the knobs by name and refuse any other before touching a tensor (a
-    misspelt knob must not run the default kernel under a variant's name)."""
+    misspelt knob must not run the baseline kernel under a variant's name)."""
     from attention_crossval.kernel.adapters.own_sm90 import launch, launch_full
 
     with pytest.raises(TypeError, match="overlapp.*longest_first"):
@@ -853,7 +905,7 @@ TARGETED = {
     "causal Sq == Sk, partial tile": lambda: _case(257, 257, causal=True, dtype="float16"),
     "single key": lambda: _case(5, 1, causal=True),
 }
-# own-sm90-full (never run before these): one feature per case, then all together.
+# own-sm90-full: one feature per case, then all together.
 TARGETED_FULL = {
     "GQA 4:2 over 3 blocks": lambda: _case(200, 300, H=4, Hkv=2),
     "MQA causal": lambda: _case(130, 389, H=4, Hkv=1, causal=True, dtype="float16"),

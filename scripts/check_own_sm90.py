@@ -16,6 +16,9 @@ CUDA fault in one does not hide the others:
    cuDNN backends: TFLOP/s = 4 B H Sq Sk D / time (halved for causal), median of
    ``triton.testing.do_bench``.
 
+Every part runs the kernel variant the registered adapter runs: ``DEFAULT_KNOBS`` unless
+``ATTENTION_CROSSVAL_SM90_OVERLAP`` picks another (``=baseline`` for the kernel without knobs).
+
 The summary table is printed last.
 """
 
@@ -113,18 +116,20 @@ def run_pytest(rows: list[str], *, timeout_s: float) -> None:
 
 
 def _bench_shape(B: int, H: int, S: int, D: int, causal: bool) -> list[float]:
-    """TFLOP/s of own-sm90, SDPA FLASH and SDPA cuDNN on one bf16 shape (Sq == Sk, so SDPA's
-    top-left causal equals the kernel's bottom-right)."""
+    """TFLOP/s of own-sm90 (the adapter's variant, :func:`knobs_from_env`), SDPA FLASH and SDPA
+    cuDNN on one bf16 shape (Sq == Sk, so SDPA's top-left causal equals the kernel's
+    bottom-right)."""
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from attention_crossval.kernel.adapters.own_sm90 import launch
+    from attention_crossval.kernel.adapters.own_sm90 import knobs_from_env, launch
 
     flops = 4 * B * H * S * S * D / (2 if causal else 1)
     q, k, v = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     out = torch.empty_like(q)
     lse = torch.empty(B, H, S, device="cuda", dtype=torch.float32)
-    cells = [tflops(flops, partial(launch, q, k, v, out, lse, D**-0.5, causal=causal))]
+    own = partial(launch, q, k, v, out, lse, D**-0.5, causal=causal, **knobs_from_env())
+    cells = [tflops(flops, own)]
     qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))
     sdpa = partial(torch.nn.functional.scaled_dot_product_attention, qt, kt, vt, is_causal=causal)
     for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION):

@@ -1,31 +1,40 @@
 """The project's own SM90 WGMMA forward kernel (kernel/sm90/fwd.py) on a Hopper GPU, as two
 registered adapters over the same kernel.
 
-``own-sm90`` (run and checked on the H200) declares what the kernel did when it was run there:
-fp16/bf16, D = 64 or 128 (Dv = D), Hq == Hkv, bottom-right causal or no mask (no windows,
-varlen or explicit masks), LSE natural log in ``[B, Hq, Sq]``, empty rows O = 0 and
-LSE = -inf, FlashAttention's precision chain (fp32 S and accumulators, P rounded to the input
-dtype, row_sum from the fp32 p, O rounded once).
+``own-sm90`` declares what the kernel did when it was first run on the H200: fp16/bf16,
+D = 64 or 128 (Dv = D), Hq == Hkv, bottom-right causal or no mask (no windows, varlen or
+explicit masks), LSE natural log in ``[B, Hq, Sq]``, empty rows O = 0 and LSE = -inf,
+FlashAttention's precision chain (fp32 S and accumulators, P rounded to the input dtype,
+row_sum from the fp32 p, O rounded once).
 
-``own-sm90-full`` (COMPILED FOR sm_90a, NEVER RUN) declares in addition GQA/MQA, varlen
-(``q_lengths`` / ``k_lengths`` in the padded layout, passed as per-batch lengths; rows past
-``q_lengths`` are left unwritten) and sliding windows (with or without causal). Every case goes
-through the kernel's varlen path (full lengths when the case has none), so a case compiles one
-of 16 variants: (dtype, D, causal, window).
+``own-sm90-full`` declares in addition GQA/MQA, varlen (``q_lengths`` / ``k_lengths`` in the
+padded layout, passed as per-batch lengths; rows past ``q_lengths`` are left unwritten) and
+sliding windows (with or without causal). Every case goes through the kernel's varlen path (full
+lengths when the case has none), so a case compiles one of 16 variants: (dtype, D, causal,
+window).
 
-Both adapters run the kernel's default configuration unless the environment variable
-``ATTENTION_CROSSVAL_SM90_OVERLAP`` is set when they launch: ``1`` runs it with ``overlap=True``
-(kernel/sm90/fwd.py: intra-warpgroup overlap of the softmax with the WGMMAs), ``pingpong`` with
-``overlap=True, pingpong=True`` (the two consumer warpgroups also take turns issuing their
-WGMMAs); both ran on the H200 in benchmarks/bench_own_sm90.py only. A comma-separated list of
-:data:`KNOBS` names turns those knobs on (``pingpong`` bringing ``overlap``), e.g.
-``overlap,longest_first,smem_epilogue``; ``longest_first`` (causal tiles in decreasing work
-order), ``smem_epilogue`` (O through shared memory, TMA store) and ``persistent`` (one CTA per SM
-looping over the tiles; not with ``pingpong`` nor ``smem_epilogue``) are compiled only, never
-run.
-This is for development, so that ``pytest -m gpu --kernel own-sm90`` can put a variant through
-the whole suite; it stays a switch, not the default, until a GPU run decides. Benchmarks choose
-a variant directly with the knob arguments of :func:`launch` and :func:`launch_full`.
+What ran on the H200 (2026-12-01): ``own-sm90-full`` with the kernel without knobs (then the
+default) in ``pytest properties/test_kernels.py -m gpu --kernel own-sm90-full
+--hypothesis-seed=1`` (dev profile: 22 passed) and the targeted cases (``pytest
+properties/test_own_kernels.py -m gpu -k targeted``: 14 passed, 6 of ``own-sm90`` and 8 of
+``own-sm90-full``); then both adapters with :data:`DEFAULT_KNOBS` in ``pytest -m gpu --kernel
+NAME properties/test_kernels.py properties/test_own_kernels.py`` (``HYPOTHESIS_PROFILE=triage``,
+seed 2: 35 passed for ``own-sm90``, 38 for ``own-sm90-full``).
+
+The kernel variant: both adapters run :data:`DEFAULT_KNOBS` (``overlap``: intra-warpgroup
+overlap of the softmax with the WGMMAs; ``longest_first``: causal and windowed tiles in
+decreasing work order; ``smem_epilogue``: O through shared memory and a TMA store), the fastest
+variant of benchmarks/bench_own_sm90.py on 6 of its 8 rows on the H200 (2026-12-01), unless the
+environment variable ``ATTENTION_CROSSVAL_SM90_OVERLAP`` says otherwise when they launch:
+``baseline`` or ``0`` the kernel without knobs (the default before 2026-12-01), ``1`` overlap
+alone, ``pingpong`` overlap with ping-pong, ``default`` or empty the default, or a comma-separated
+list of :data:`KNOBS` names, exactly those on (``pingpong`` bringing ``overlap``), e.g.
+``overlap,persistent``. ``pingpong`` (the two consumer warpgroups take turns issuing their
+WGMMAs) and ``persistent`` (one CTA per SM looping over the tiles; not with ``pingpong`` nor
+``smem_epilogue``) stay opt-in: in that benchmark, the only place they have run, adding
+``pingpong`` was slower on 7 of 8 rows and ``persistent`` was mixed against ``overlap`` alone.
+Benchmarks choose a variant directly with the knob arguments of :func:`launch` and
+:func:`launch_full`, where a knob left out is off (no knobs: the baseline kernel).
 
 Kernels are compiled once per variant and cached for the process; B, H, Sq, Sk and all strides
 are dynamic, so guard-banded views go straight to the kernel. torch and cutlass are imported
@@ -48,24 +57,30 @@ TILE_N = 128
 # own-sm90-full adds lengths and window bounds to row indices in int32 (kernel/common/mask.py):
 # every sum stays below 2 Sq + Sk, inside int32 with both lengths at most 2^29.
 FULL_MAX_SEQLEN = 1 << 29
-# The kernel's compile-time knobs the adapters pass through (kernel/sm90/fwd.py), all off by
-# default; each combination is compiled and cached apart.
+# The kernel's compile-time knobs the adapters pass through (kernel/sm90/fwd.py), all off in
+# the kernel and in launch() unless named; each combination is compiled and cached apart.
 KNOBS = ("overlap", "pingpong", "longest_first", "smem_epilogue", "persistent")
-# The registered adapters' kernel variant (development switch): value -> launch knobs.
+# The registered adapters' default variant: the fastest of benchmarks/bench_own_sm90.py on 6 of
+# its 8 rows on the H200 (2026-12-01), and run there under the GPU property tests.
+DEFAULT_KNOBS = ("overlap", "longest_first", "smem_epilogue")
+# The registered adapters' kernel variant (switch): value -> launch knobs; unset is "".
 OVERLAP_ENV = "ATTENTION_CROSSVAL_SM90_OVERLAP"
 ENV_VARIANTS: dict[str, dict[str, bool]] = {
-    "": {},
+    "": dict.fromkeys(DEFAULT_KNOBS, True),
+    "default": dict.fromkeys(DEFAULT_KNOBS, True),
     "0": {},
+    "baseline": {},
     "1": {"overlap": True},
     "pingpong": {"overlap": True, "pingpong": True},
 }
 
 
 def knobs_from_env() -> dict[str, bool]:
-    """The knobs :data:`OVERLAP_ENV` asks for: one of :data:`ENV_VARIANTS` (unset is the default
-    kernel), or a comma-separated list of :data:`KNOBS` names, each turned on (``pingpong``
-    implies ``overlap``, as its single value does). Anything else is an error naming the
-    variable and the allowed values (a typo must not silently test the default)."""
+    """The knobs :data:`OVERLAP_ENV` asks for: one of :data:`ENV_VARIANTS` (unset or empty is
+    :data:`DEFAULT_KNOBS`, ``baseline`` or ``0`` no knob), or a comma-separated list of
+    :data:`KNOBS` names, exactly those turned on (``pingpong`` implies ``overlap``, as its single
+    value does). Anything else is an error naming the variable and the allowed values (a typo
+    must not silently test the default)."""
     value = os.environ.get(OVERLAP_ENV, "")
     if value in ENV_VARIANTS:
         return dict(ENV_VARIANTS[value])
@@ -123,8 +138,7 @@ class OwnSm90Adapter(_torch.GuardedOutputsAdapter):
 
 @dataclass
 class OwnSm90FullAdapter(_torch.GuardedOutputsAdapter):
-    """``own-sm90-full``: the same kernel with GQA, per-batch lengths and windows.
-    Compiled for sm_90a, never run."""
+    """``own-sm90-full``: the same kernel with GQA, per-batch lengths and windows."""
 
     spec: KernelSpec = field(default_factory=_full_spec)
 
@@ -155,8 +169,11 @@ def launch(
     """Run the kernel on torch CUDA tensors (see :func:`kernel.adapters._cute.launch`);
     ``knobs`` (names from :data:`KNOBS`: ``overlap``, ``pingpong``, ``longest_first``,
     ``smem_epilogue``, ``persistent``; off when left out) pick the kernel's knobs of those names
-    (each variant compiled and cached apart); ``num_sms`` caps the persistent grid (default:
-    the device's SM count; ignored without ``persistent``)."""
+    (each variant compiled and cached apart). No knobs is the baseline kernel, not the
+    adapters' default: a benchmark gets exactly the variant it names, and
+    ``**dict.fromkeys(DEFAULT_KNOBS, True)`` (or :func:`knobs_from_env`) is what the adapters
+    run. ``num_sms`` caps the persistent grid (default: the device's SM count; ignored without
+    ``persistent``)."""
     _launch("own-sm90", q, k, v, out, lse, softmax_scale, causal, knobs, num_sms)
 
 
@@ -175,7 +192,7 @@ def launch_full(
     num_sms: int | None = None,
     **knobs: bool,
 ) -> None:
-    """``own-sm90-full``'s launch (never run): Hq a multiple of Hkv, int32 ``[B]`` CUDA lengths
+    """``own-sm90-full``'s launch: Hq a multiple of Hkv, int32 ``[B]`` CUDA lengths
     (the padded extents where a case has none), ``window`` from :func:`window_bounds`;
     the knobs and ``num_sms`` as in :func:`launch`."""
     _launch(
@@ -241,7 +258,7 @@ def _max_ctas(q: Any, knobs: dict[str, bool], num_sms: int | None) -> int | None
 
 def _variant(knobs: dict[str, bool]) -> tuple[str, ...]:
     """The compile-cache key part of the knobs: the names turned on, in :data:`KNOBS` order
-    (empty for the default kernel)."""
+    (empty for the baseline kernel)."""
     return tuple(name for name in KNOBS if knobs.get(name))
 
 

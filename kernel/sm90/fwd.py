@@ -11,68 +11,75 @@ Structure (one CTA per ``tile_m`` query rows of one (batch, head)):
 * ``epilogue``: ``O * (1 / row_sum)`` (0 for empty rows), stored straight from registers with a
   ``row < seqlen_q`` predicate, and the natural-log LSE (``-inf`` for empty rows).
 
-By default kept simple rather than fast: each WGMMA is waited for (``wait_group(0)``) before the
-next step, so the softmax never overlaps tensor-core work; no TMA store, no persistent scheduler
-(the knobs below change each of these; all default off; the default kernel's PTX is unchanged by
-each knob's addition, checked byte for byte in 24 configurations).
-This default is the configuration run and checked on the H200.
+Without knobs (the baseline) kept simple rather than fast: each WGMMA is waited for
+(``wait_group(0)``) before the next step, so the softmax never overlaps tensor-core work; no TMA
+store, no persistent scheduler (the knobs below change each of these; all off unless passed; the
+baseline's PTX is unchanged by each knob's addition, checked byte for byte in 24 configurations).
+The baseline was the adapters' configuration until 2026-12-01, run and checked on the H200.
 
-The knob ``overlap=True`` (run on the H200 only by benchmarks/bench_own_sm90.py, 2026-12-01: 8-11 %
-faster, the same output difference from flash_attn.cute as the default; not yet through the
-property tests, so the adapters use it only under ``ATTENTION_CROSSVAL_SM90_OVERLAP=1``, see
-kernel/adapters/own_sm90.py) pipelines the loop inside each consumer warpgroup, as FlashAttention 3
-does: after the first block's softmax, each step issues ``S = Q K^T`` of the next block and ``O +=
-P V`` of the current one, waits for the first group only (``wait_group(1)``), masks and softmaxes
-the new S while the PV may still run, then waits for the PV, releases its V stage, rescales O by
-the new block's ``alpha`` and turns the new S into P; the last block's PV runs after the loop
-(:meth:`kv_loop_overlap`). Blocks that need the mask and those that do not run in separate loops
-(:func:`split_by_mask`), so no branch sits between the two waits. ptxas keeps the ``wait_group(1)``
-but schedules the final wait about halfway through the softmax (the rest of it runs after the PV),
-so the overlap is partial.
+The registered adapters now pass ``overlap``, ``longest_first`` and ``smem_epilogue``
+(``DEFAULT_KNOBS`` in kernel/adapters/own_sm90.py): on the H200 (2026-12-01) that combination was
+the fastest variant of benchmarks/bench_own_sm90.py on 6 of its 8 rows (0.89-0.97 of
+flash_attn.cute's TFLOP/s with the best variant per row), and both adapters passed the GPU
+property tests with it (``HYPOTHESIS_PROFILE=triage``, seed 2). ``pingpong`` and ``persistent``
+have run only in that benchmark.
 
-The knob ``pingpong=True`` (needs ``overlap=True`` and 2 consumer warpgroups; in the same benchmark
-no faster than ``overlap`` alone) adds FlashAttention 3's turn-taking: in each loop step a
-warpgroup waits on its named barrier (``SCHEDULER_BARRIER + wg``) before issuing its two GEMMs and,
-once they are issued, arrives on the other warpgroup's, so one warpgroup's GEMMs run while the
-other does its softmax. The first warpgroup's barrier gets one arrive before the loops (its first
-turn), so one arrive stays pending at exit, as in FlashAttention. Both warpgroups walk the same
-blocks (the block range is the CTA's), so their turns pair up; the varlen V-row zeroing, which
-syncs both warpgroups, runs before a warpgroup waits for its turn, never inside it.
+The knob ``overlap=True`` (in the benchmark 5-29 % faster than the baseline, the same output
+difference from flash_attn.cute) pipelines the loop inside each consumer warpgroup, as
+FlashAttention 3 does: after the first block's softmax, each step issues ``S = Q K^T`` of the next
+block and ``O += P V`` of the current one, waits for the first group only (``wait_group(1)``), masks
+and softmaxes the new S while the PV may still run, then waits for the PV, releases its V stage,
+rescales O by the new block's ``alpha`` and turns the new S into P; the last block's PV runs after
+the loop (:meth:`kv_loop_overlap`). Blocks that need the mask and those that do not run in separate
+loops (:func:`split_by_mask`), so no branch sits between the two waits. ptxas keeps the
+``wait_group(1)`` but schedules the final wait about halfway through the softmax (the rest of it
+runs after the PV), so the overlap is partial.
 
-The knob ``longest_first=True`` (COMPILED ONLY, never run) reverses the CTA -> query tile map
-for causal or windowed kernels (:func:`tile_for_block`: ``m_block = gridDim.x - 1 -
-blockIdx.x``), so the hardware, which launches CTAs in index order, starts the tiles with the most
-KV blocks first and fills the tail of the grid with the short ones (FlashAttention's LPT order,
-without its L2 swizzle of heads). ``m_block`` is set once at the top of :meth:`kernel`, so the
-loads, the block range, the masks and the epilogue all see the same tile. Without causal or a
-window every tile has the same work and the knob compiles to the default kernel.
+The knob ``pingpong=True`` (needs ``overlap=True`` and 2 consumer warpgroups; opt-in: in the
+benchmark, added to the default knobs, slower on 7 of 8 rows) adds FlashAttention 3's turn-taking:
+in each loop step a warpgroup waits on its named barrier (``SCHEDULER_BARRIER + wg``) before issuing
+its two GEMMs and, once they are issued, arrives on the other warpgroup's, so one warpgroup's GEMMs
+run while the other does its softmax. The first warpgroup's barrier gets one arrive before the loops
+(its first turn), so one arrive stays pending at exit, as in FlashAttention. Both warpgroups walk
+the same blocks (the block range is the CTA's), so their turns pair up; the varlen V-row zeroing,
+which syncs both warpgroups, runs before a warpgroup waits for its turn, never inside it.
 
-The knob ``smem_epilogue=True`` (COMPILED ONLY, never run) replaces the epilogue's per-element
+The knob ``longest_first=True`` (a default knob; 0.4-4 % over ``overlap`` alone on the causal rows
+of the benchmark) reverses the CTA -> query tile map for causal or windowed kernels
+(:func:`tile_for_block`: ``m_block = gridDim.x - 1 - blockIdx.x``), so the hardware, which launches
+CTAs in index order, starts the tiles with the most KV blocks first and fills the tail of the grid
+with the short ones (FlashAttention's LPT order, without its L2 swizzle of heads). ``m_block`` is
+set once at the top of :meth:`kernel`, so the loads, the block range, the masks and the epilogue all
+see the same tile. Without causal or a window every tile has the same work and the knob compiles to
+nothing (the same PTX as without it).
+
+The knob ``smem_epilogue=True`` (a default knob; in the benchmark up to 32 % over ``overlap`` with
+``longest_first``, most at S = 1024, 1 % slower on one row) replaces the epilogue's per-element
 predicated 2-byte global stores (64 ``st.global.b16`` per thread at D = 128) by wide ones
-(:meth:`epilogue_smem`): O, normalized and converted, goes by ``stmatrix`` into the Q buffer
-(Q's layout, 128-byte swizzle, is the O tile's; no extra shared memory: 164864 bytes at D = 128,
-82944 at D = 64, as without the knob), then without varlen one TMA store of the tile (the TMA
-unit clips it at the tensor's padded ``S``, which is then ``seqlen_q``), and with varlen
-(``seqused_q``: rows past it must stay unwritten, which a box clipped at ``S`` would not honour)
-16-byte row chunks through registers with a row predicate. It needs ``o`` 16-byte aligned with S,
-H and B strides in multiples of 16 bytes (the adapters' launch checks). The LSE is written as
-before.
+(:meth:`epilogue_smem`): O, normalized and converted, goes by ``stmatrix`` into the Q buffer (Q's
+layout, 128-byte swizzle, is the O tile's; no extra shared memory: 164864 bytes at D = 128, 82944 at
+D = 64, as without the knob), then without varlen one TMA store of the tile (the TMA unit clips it
+at the tensor's padded ``S``, which is then ``seqlen_q``), and with varlen (``seqused_q``: rows past
+it must stay unwritten, which a box clipped at ``S`` would not honour) 16-byte row chunks through
+registers with a row predicate. It needs ``o`` 16-byte aligned with S, H and B strides in multiples
+of 16 bytes (the adapters' launch checks). The LSE is written as before.
 
-The knob ``persistent=True`` (COMPILED ONLY, never run; not with ``pingpong``, whose pending
-arrive would pile up once per tile, nor with ``smem_epilogue``, whose O in Q's buffer would race
-the next tile's Q load: both raise ValueError) launches ``min(num_tiles, max_ctas)`` CTAs (at
-least 1; ``max_ctas`` is a host ``Int32`` argument, the adapters pass the GPU's SM count) for the
-``num_tiles = m_blocks * H * B`` query tiles, and each CTA walks the linear tiles ``blockIdx.x,
-blockIdx.x + gridDim.x, ...`` (:meth:`run_persistent`), decoded by :func:`persistent_tile`:
-m_block fastest without causal or a window; with them longest-first (m_block descending) inside
-sections of (batch, head) pairs whose K and V fit in about 40 MB of L2 (:func:`lpt_section`;
-FlashAttention's LPT order), whether or not ``longest_first`` is set. Per tile the producer warp
-runs :meth:`load` and the consumers :meth:`consume` exactly as the one-tile kernel (fresh softmax
-state, O and masks, the tile's own batch lengths under varlen), and the epilogue stores from
-registers. Q has 2 stages (197632 bytes of shared memory at D = 128, 99328 at D = 64), so the
-next tile's Q load overlaps this tile's tail; the consumers release a Q stage after the tile's KV
-loop. The static round-robin leaves the causal load imbalance of the last wave(s) and gives CTA 0
-the longest tile of each wave; whether it beats the one-tile grid is for the H200 to say.
+The knob ``persistent=True`` (opt-in; run only in the benchmark, as ``overlap`` + ``persistent``:
+against ``overlap`` alone 2-9 % faster on 4 rows, equal on 1, 3-12 % slower on 3, and slower than
+the default knobs on all 8; not with ``pingpong``, whose pending arrive would pile up once per tile,
+nor with ``smem_epilogue``, whose O in Q's buffer would race the next tile's Q load: both raise
+ValueError) launches ``min(num_tiles, max_ctas)`` CTAs (at least 1; ``max_ctas`` is a host ``Int32``
+argument, the adapters pass the GPU's SM count) for the ``num_tiles = m_blocks * H * B`` query
+tiles, and each CTA walks the linear tiles ``blockIdx.x, blockIdx.x + gridDim.x, ...``
+(:meth:`run_persistent`), decoded by :func:`persistent_tile`: m_block fastest without causal or a
+window; with them longest-first (m_block descending) inside sections of (batch, head) pairs whose K
+and V fit in about 40 MB of L2 (:func:`lpt_section`; FlashAttention's LPT order), whether or not
+``longest_first`` is set. Per tile the producer warp runs :meth:`load` and the consumers
+:meth:`consume` exactly as the one-tile kernel (fresh softmax state, O and masks, the tile's own
+batch lengths under varlen), and the epilogue stores from registers. Q has 2 stages (197632 bytes of
+shared memory at D = 128, 99328 at D = 64), so the next tile's Q load overlaps this tile's tail; the
+consumers release a Q stage after the tile's KV loop. The static round-robin leaves the causal load
+imbalance of the last wave(s) and gives CTA 0 the longest tile of each wave.
 
 Why every wait of the persistent kernel has its arrive (hang-safety), on every path:
 
@@ -106,8 +113,8 @@ causal or no mask. Query head ``h`` reads kv head ``h // (Hq // Hkv)`` (GQA/MQA;
 of Hkv).
 
 Optional trailing arguments, each a compile-time choice by being None or not (the adapter
-``own-sm90`` passes none of them; ``own-sm90-full`` passes them, and that path has only been
-compiled, never run):
+``own-sm90`` passes none of them; ``own-sm90-full`` passes them; that path ran on the H200 under
+the GPU property tests, 2026-12-01, without knobs and with the default knobs):
 
 * ``seqused_q`` / ``seqused_k`` (int32 ``[B]``, both or neither): each batch's valid lengths in
   the padded layout. Rows past ``seqused_q`` are not written (O nor LSE); a query tile past it

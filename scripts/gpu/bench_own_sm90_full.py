@@ -1,6 +1,9 @@
-"""TFLOP/s of own-sm90, own-sm90-full and flash_attn.cute (bf16, D = 128) on two shapes, with
+"""TFLOP/s of own-sm90, own-sm90-full and flash_attn.cute (bf16, D = 128) on three shapes, with
 the largest difference of own-sm90-full's output from each peer's (a fast wrong kernel is no
-result). Lines starting with ``bench`` are the result."""
+result). Both own launches run the variant the registered adapters run (:func:`knobs_from_env`:
+``DEFAULT_KNOBS`` unless ``ATTENTION_CROSSVAL_SM90_OVERLAP`` picks another; its first run on the
+H200, 2026-12-01, timed the kernel without knobs, then the default). Lines starting with
+``bench`` are the result."""
 
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ import traceback
 
 import torch
 
-from attention_crossval.kernel.adapters.own_sm90 import launch, launch_full
+from attention_crossval.kernel.adapters.own_sm90 import knobs_from_env, launch, launch_full
 from benchmarks.timing import tflops
 
 
@@ -21,9 +24,10 @@ def shape(B: int, Hq: int, Hkv: int, S: int, D: int, causal: bool) -> str:
     lses = {name: torch.zeros(B, Hq, S, device="cuda") for name in outs}
     lengths = torch.full((B,), S, dtype=torch.int32, device="cuda")
     scale = D**-0.5
+    knobs = knobs_from_env()
     calls = {
         "full": lambda: launch_full(
-            q, k, v, outs["full"], lses["full"], scale, causal, lengths, lengths, None
+            q, k, v, outs["full"], lses["full"], scale, causal, lengths, lengths, None, **knobs
         ),
         "fa": lambda: _flash_attn_fwd(
             q, k, v, softmax_scale=scale, causal=causal, return_lse=True, out=outs["fa"],
@@ -31,7 +35,9 @@ def shape(B: int, Hq: int, Hkv: int, S: int, D: int, causal: bool) -> str:
         ),
     }  # fmt: skip
     if Hq == Hkv:
-        calls["own"] = lambda: launch(q, k, v, outs["own"], lses["own"], scale, causal=causal)
+        calls["own"] = lambda: launch(
+            q, k, v, outs["own"], lses["own"], scale, causal=causal, **knobs
+        )
     flops = 4 * B * Hq * S * S * D / (2 if causal else 1)
     speeds = {name: tflops(flops, call) for name, call in calls.items()}
     diffs = {

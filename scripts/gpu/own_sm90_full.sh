@@ -1,5 +1,6 @@
 #!/bin/bash
-# own-sm90-full (GQA, varlen, windows) on an H200, first run; from the repository root, after
+# own-sm90-full (GQA, varlen, windows) on an H200 (first run 2026-12-01, without knobs: passed);
+# from the repository root, after
 #   export PYTHONPATH=$PWD:$PYTHONPATH
 # with CuTe DSL and flash_attn.cute importable (installed, or from wheels: docs/gpu.md#devkit).
 # 1. the kernel suite for own-sm90-full (timeout 240 s);
