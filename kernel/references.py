@@ -36,7 +36,7 @@ PAIR_BOUND_SCALE = {"kernel_vs_exact": 1.0, "kernel_vs_streaming": 2.0, "streami
 TORCH_WORK = 1 << 24  # above this many multiply-adds a CUDA kernel's float64 reference uses torch
 # Above this many multiply-adds a case is long: references on a row plan (docs/long-context.md)
 DENSE_LIMIT = 1 << 31
-# From this many keys the CPU tiers run one (batch, head) per forked worker (reference.parallel)
+# From this many keys the CPU tiers run in forked workers, by units of heads (reference.parallel)
 PARALLEL_KEYS = 1 << 15
 
 
