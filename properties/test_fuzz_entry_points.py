@@ -264,6 +264,23 @@ def test_replay_exits_0_or_2_with_one_line(saved_case: bytes, data, how, rows, b
     _assert_clean_exit(code, err)
 
 
+@pytest.mark.parametrize("offset, bits", [(8, 0x20), (6, 0xFF)], ids=["patched-flag", "version"])
+def test_replay_names_a_zip_header_it_cannot_read(
+    saved_case: bytes, offset, bits, tmp_path
+) -> None:
+    """Regression (fuzzed, seed 302): one damaged byte in the central directory made zipfile
+    raise NotImplementedError ("compressed patched data", "zip file version 21.0"), which
+    escaped replay as a traceback instead of one line naming the file."""
+    header = saved_case.index(b"PK\x01\x02")  # the first central-directory entry
+    content = bytearray(saved_case)
+    content[header + offset] |= bits
+    path = tmp_path / "case.npz"
+    path.write_bytes(bytes(content))
+    code, err = _run(replay.main, [str(path)])
+    _assert_clean_exit(code, err)
+    assert code == 2 and "is not a case written by AttentionCase.save" in err, err
+
+
 @given(name=st.text(max_size=8) | JUNK, timeout=JUNK | st.floats(allow_nan=True))
 def test_kernel_names_and_timeouts_raise_only_value_error(name: Any, timeout: Any) -> None:
     """A bad name or timeout is refused before any process starts."""

@@ -298,14 +298,23 @@ def test_second_run_into_a_locked_out_is_refused(tmp_path, capsys):
     assert main([*TINY, "--out", str(tmp_path)]) == 0  # released with the holder
 
 
-def test_corrupted_cache_entry_is_a_miss_and_fresh_clears_the_cache(tmp_path):
-    """Regression: a corrupted cache/exact/*.npz raised BadZipFile on every rerun, and --fresh
-    kept the cache."""
+def _damaged(content: bytes, damage: str) -> bytes:
+    if damage == "truncated":  # BadZipFile
+        return content[:100]
+    flagged = bytearray(content)  # flag bit 5 in the central directory: NotImplementedError
+    flagged[content.index(b"PK\x01\x02") + 8] |= 0x20
+    return bytes(flagged)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "patched-flag"])
+def test_corrupted_cache_entry_is_a_miss_and_fresh_clears_the_cache(tmp_path, damage):
+    """Regression: a corrupted cache/exact/*.npz raised BadZipFile on every rerun (and a
+    damaged header flag NotImplementedError), and --fresh kept the cache."""
     argv = ["--preset", "tiny", "--only", "none", "--rows", "2", "--repeats", "1", "--no-html"]
     argv += ["--no-progress", "--out", str(tmp_path)]
     assert main(argv) == 0
     (entry,) = (tmp_path / "cache" / "exact").glob("*.npz")
-    entry.write_bytes(entry.read_bytes()[:100])  # truncated: BadZipFile
+    entry.write_bytes(_damaged(entry.read_bytes(), damage))
     (tmp_path / "records.jsonl").unlink()  # force a recomputation through the cache
     assert main(argv) == 0
     assert json.loads((tmp_path / "report.json").read_text())["exact_cache"] == {

@@ -34,8 +34,18 @@ def case_digest(case: AttentionCase) -> str:
     return hasher.hexdigest()
 
 
-# What reading a torn, truncated or foreign ``.npz`` raises; such an entry is a miss, rewritten.
-_UNREADABLE = (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile, zlib.error)
+# What reading a torn, truncated or foreign ``.npz`` raises (zipfile: NotImplementedError for a
+# header field it cannot read); such an entry is a miss, rewritten.
+_UNREADABLE = (
+    OSError,
+    ValueError,
+    KeyError,
+    TypeError,
+    EOFError,
+    NotImplementedError,
+    zipfile.BadZipFile,
+    zlib.error,
+)
 
 
 class ExactCache:
