@@ -21,6 +21,7 @@ last block, empty sequences, window edges); both adapters run ``DEFAULT_KNOBS`` 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import re
 from pathlib import Path
@@ -69,8 +70,8 @@ PTX_VARLEN_MUST_HAVE = ("fence.proxy.async.shared::cta", "bar.sync 1, 256")
 # The overlap knob's signature: wait until one WGMMA group (the PV) is left in flight, while the
 # softmax works on the S the other group produced. The baseline kernel always waits for all.
 OVERLAP_WAIT = "wgmma.wait_group.sync.aligned 1;"
-# The overlap kernel, in each configuration own-sm90 declares, plain and through the varlen +
-# window path of own-sm90-full (3 loops over the blocks), and varlen alone once (2 loops).
+# The overlap kernel, in each dense-path configuration, plain and through the varlen + window
+# path (3 loops over the blocks), and varlen alone once (2 loops).
 OVERLAP_CONFIGS = [(*config, path) for config in CONFIGS for path in ("plain", "varlen+window")]
 OVERLAP_CONFIGS.append(("bfloat16", 128, True, "varlen"))
 # The adapters' variant (knobs_from_env() when ATTENTION_CROSSVAL_SM90_OVERLAP is unset) and the
@@ -137,13 +138,13 @@ def test_sm90_compiles_to_wgmma_tma_ex2(
     tmp_path: Path,
     capfd: pytest.CaptureFixture[str],
 ) -> None:
-    """Every configuration ``own-sm90`` declares compiles for sm_90a without a GPU, down to the
-    hardware instructions (a silently wrong arch or a scalar fallback would lose them), without
-    spills, in the variant the adapter runs (``DEFAULT_KNOBS``, each knob's signature in the
-    PTX) and in the baseline (no knob's signature)."""
+    """Every configuration of ``own-sm90``'s dense path compiles for sm_90a without a GPU, down
+    to the hardware instructions (a silently wrong arch or a scalar fallback would lose them),
+    without spills, in the variant the adapter runs (``DEFAULT_KNOBS``, each knob's signature in
+    the PTX) and in the baseline (no knob's signature)."""
     kernel = _sm90(dtype, head_dim, causal, **VARIANT_KNOBS[variant])
     ptx = _variant_ptx(kernel, dtype, head_dim, "plain", tmp_path)
-    assert "bar.sync 1, 256" not in ptx  # no varlen path (zeroed V rows) in own-sm90
+    assert "bar.sync 1, 256" not in ptx  # not the varlen path (zeroed V rows)
     assert_variant_ptx(ptx, variant, head_dim, causal, "plain")
     assert_no_spills("".join(capfd.readouterr()))
 
@@ -771,19 +772,47 @@ def test_kernel_block_walk_sees_exactly_the_visible_keys(
 
 @pytest.mark.cpu
 def test_own_sm90_declarations() -> None:
-    """``own-sm90`` keeps the declaration it was run and checked with on the H200;
-    ``own-sm90-full`` adds GQA, varlen (padded rows unwritten) and windows, and is among the
-    default kernels since its suite passed on the H200 (no longer in ``NEVER_RUN``)."""
+    """``own-sm90`` and ``own-sm90-full`` declare the same surface, GQA, varlen (padded rows
+    unwritten) and windows included; both are among the default kernels since their suites
+    passed on the H200 (none in ``NEVER_RUN``)."""
     from attention_crossval.kernel.adapters import _cute
     from attention_crossval.kernel.adapters.own_sm90 import FULL_MAX_SEQLEN
 
-    plain, full = resolve("own-sm90").spec, resolve("own-sm90-full").spec
-    assert plain == _cute.own_kernel_spec("own-sm90", tile_m=128, tile_n=128)
-    assert not plain.gqa and plain.mask_kinds == {"causal"}
-    assert full.gqa and full.mask_kinds == {"causal", "window", "varlen"}
-    assert (full.padded_rows, full.max_seqlen) == ("unwritten", FULL_MAX_SEQLEN)
+    spec, full = resolve("own-sm90").spec, resolve("own-sm90-full").spec
+    base = _cute.own_kernel_spec("own-sm90", tile_m=128, tile_n=128)
+    assert spec.gqa and spec.mask_kinds == {"causal", "window", "varlen"}
+    assert (spec.padded_rows, spec.max_seqlen) == ("unwritten", FULL_MAX_SEQLEN)
+    surface = ("gqa", "mask_kinds", "padded_rows", "max_seqlen")
+    assert dataclasses.replace(spec, **{name: getattr(base, name) for name in surface}) == base
+    assert full == dataclasses.replace(spec, name="own-sm90-full")
     assert BUILTIN["own-sm90-full"][1] == BUILTIN["own-sm90"][1]
     assert "own-sm90" not in NEVER_RUN and "own-sm90-full" not in NEVER_RUN
+
+
+@pytest.mark.cpu
+def test_own_sm90_runs_plain_cases_dense_and_the_rest_on_the_varlen_path(monkeypatch) -> None:
+    """``own-sm90`` sends a case with GQA, lengths or a window to the varlen path (the dense
+    path would ignore them: wrong rows, not an error) and a plain one to the dense path;
+    ``own-sm90-full`` sends everything to the varlen path."""
+    from attention_crossval.kernel.adapters import own_sm90
+
+    calls = []
+    monkeypatch.setattr(own_sm90, "launch", lambda *a, **k: calls.append("dense"))
+    monkeypatch.setattr(own_sm90, "_launch_varlen_path", lambda *a: calls.append("varlen"))
+    cases = {
+        "plain": _case(40, 40),
+        "causal": _case(40, 60, causal=True),
+        "gqa": _case(40, 40, H=4, Hkv=2),
+        "window": _case(40, 40, window_left=8),
+        "varlen": _case(40, 40, q_lengths=(40, 3), k_lengths=(40, 5)),
+    }
+    expected = {"plain": "dense", "causal": "dense"}
+    for adapter in (own_sm90.OwnSm90Adapter(), own_sm90.OwnSm90FullAdapter()):
+        for name, case in cases.items():
+            calls.clear()
+            adapter.launch(case, None, None, None, None, None)
+            dense = isinstance(adapter, own_sm90.OwnSm90Adapter) and name in expected
+            assert calls == ["dense" if dense else "varlen"], (adapter.spec.name, name)
 
 
 @pytest.mark.cpu

@@ -1,27 +1,28 @@
 """The project's own SM90 WGMMA forward kernel (kernel/sm90/fwd.py) on a Hopper GPU, as two
 registered adapters over the same kernel.
 
-``own-sm90`` declares what the kernel did when it was first run on the H200: fp16/bf16,
-D = 64 or 128 (Dv = D), Hq == Hkv, bottom-right causal or no mask (no windows, varlen or
-explicit masks), LSE natural log in ``[B, Hq, Sq]``, empty rows O = 0 and LSE = -inf,
-FlashAttention's precision chain (fp32 S and accumulators, P rounded to the input dtype,
-row_sum from the fp32 p, O rounded once).
+Both declare everything the kernel implements: fp16/bf16, D = 64 or 128 (Dv = D), GQA/MQA,
+bottom-right causal, varlen (``q_lengths`` / ``k_lengths`` in the padded layout, passed as
+per-batch lengths; rows past ``q_lengths`` are left unwritten) and sliding windows with or
+without causal (no explicit masks), LSE natural log in ``[B, Hq, Sq]``, empty rows O = 0 and
+LSE = -inf, FlashAttention's precision chain (fp32 S and accumulators, P rounded to the input
+dtype, row_sum from the fp32 p, O rounded once). ``own-sm90`` runs a case that needs none of
+GQA, lengths or a window on the kernel's dense path (:func:`takes_dense_path`) and the others
+on its varlen path; ``own-sm90-full`` runs every case on the varlen path (full lengths where the
+case has none), so that the suite puts that path through every case it draws. A varlen-path
+case compiles one of 16 variants: (dtype, D, causal, window).
 
-``own-sm90-full`` declares in addition GQA/MQA, varlen (``q_lengths`` / ``k_lengths`` in the
-padded layout, passed as per-batch lengths; rows past ``q_lengths`` are left unwritten) and
-sliding windows (with or without causal). Every case goes through the kernel's varlen path (full
-lengths when the case has none), so a case compiles one of 16 variants: (dtype, D, causal,
-window).
-
-What ran on the H200 (2026-12-01): ``own-sm90-full`` with the kernel without knobs (then the
-default) in ``pytest properties/test_kernels.py -m gpu --kernel own-sm90-full
---hypothesis-seed=1`` (dev profile: 22 passed) and the targeted cases (``pytest
-properties/test_own_kernels.py -m gpu -k targeted``: 14 passed, 6 of ``own-sm90`` and 8 of
-``own-sm90-full``); then both adapters with :data:`DEFAULT_KNOBS` in ``pytest -m gpu --kernel
-NAME properties/test_kernels.py properties/test_own_kernels.py`` (``HYPOTHESIS_PROFILE=triage``,
-seed 2: 35 passed for ``own-sm90``, 38 for ``own-sm90-full``), and the kernel suite on the
-``ci`` profile (``CI=true pytest -m gpu --kernel NAME properties/test_kernels.py``: 19 passed
-for ``own-sm90``, 22 for ``own-sm90-full``).
+What ran on the H200 (2026-12-01), before ``own-sm90`` took the full declaration (it then
+declared only the dense path's cases, which it ran): ``own-sm90-full`` without knobs in
+``pytest properties/test_kernels.py -m gpu --kernel own-sm90-full --hypothesis-seed=1`` (dev
+profile: 22 passed) and the targeted cases (``pytest properties/test_own_kernels.py -m gpu -k
+targeted``: 14 passed, 6 of ``own-sm90`` and 8 of ``own-sm90-full``); then both adapters with
+:data:`DEFAULT_KNOBS` in ``pytest -m gpu --kernel NAME properties/test_kernels.py
+properties/test_own_kernels.py`` (``HYPOTHESIS_PROFILE=triage``, seed 2: 35 passed for
+``own-sm90``, 38 for ``own-sm90-full``), and the kernel suite on the ``ci`` profile (``CI=true
+pytest -m gpu --kernel NAME properties/test_kernels.py``: 19 passed for ``own-sm90``, 22 for
+``own-sm90-full``). So both of ``own-sm90``'s paths passed the suite on the cases they now get;
+the dispatching adapter itself has not run on a GPU.
 
 The kernel variant: both adapters run :data:`DEFAULT_KNOBS` (``overlap``: intra-warpgroup
 overlap of the softmax with the WGMMAs; ``longest_first``: causal and windowed tiles in
@@ -100,18 +101,26 @@ def knobs_from_env() -> dict[str, bool]:
 
 
 def _spec() -> KernelSpec:
-    return _cute.own_kernel_spec("own-sm90", tile_m=64 * NUM_CONSUMER_WG, tile_n=TILE_N)
-
-
-def _full_spec() -> KernelSpec:
+    """``own-sm90``: everything the kernel implements, GQA/MQA, varlen (padded rows left
+    unwritten) and sliding windows included."""
     return replace(
-        _spec(),
-        name="own-sm90-full",
+        _cute.own_kernel_spec("own-sm90", tile_m=64 * NUM_CONSUMER_WG, tile_n=TILE_N),
         gqa=True,
         mask_kinds=frozenset({"causal", "window", "varlen"}),
         padded_rows="unwritten",
         max_seqlen=FULL_MAX_SEQLEN,
     )
+
+
+def _full_spec() -> KernelSpec:
+    return replace(_spec(), name="own-sm90-full")
+
+
+def takes_dense_path(case: AttentionCase) -> bool:
+    """Whether ``own-sm90`` runs ``case`` on the kernel's dense path (Hq == Hkv, no lengths,
+    no window: no per-batch length loads), rather than the varlen path that ``own-sm90-full``
+    takes for every case."""
+    return case.Hq == case.Hkv and not case.mask.kinds & {"window", "varlen"}
 
 
 def window_bounds(mask: Mask, Sq: int, Sk: int) -> tuple[int, int] | None:
@@ -128,32 +137,41 @@ def window_bounds(mask: Mask, Sq: int, Sk: int) -> tuple[int, int] | None:
 
 @dataclass
 class OwnSm90Adapter(_torch.GuardedOutputsAdapter):
-    """Guard-banded inputs, prefilled and guard-banded ``o`` / ``lse``, one launch per call."""
+    """Guard-banded inputs, prefilled and guard-banded ``o`` / ``lse``, one launch per call:
+    the dense path where :func:`takes_dense_path`, else the varlen path."""
 
     spec: KernelSpec = field(default_factory=_spec)
 
     def launch(self, case: AttentionCase, q: Any, k: Any, v: Any, out: Any, lse: Any) -> None:
-        launch(
-            q, k, v, out, lse, case.softmax_scale, causal=case.mask.causal, **knobs_from_env(),
-        )  # fmt: skip
+        if takes_dense_path(case):
+            launch(
+                q, k, v, out, lse, case.softmax_scale, causal=case.mask.causal, **knobs_from_env(),
+            )  # fmt: skip
+        else:
+            _launch_varlen_path(case, q, k, v, out, lse)
 
 
 @dataclass
 class OwnSm90FullAdapter(_torch.GuardedOutputsAdapter):
-    """``own-sm90-full``: the same kernel with GQA, per-batch lengths and windows."""
+    """``own-sm90-full``: the same kernel and declaration, every case on the varlen path (full
+    lengths where the case has none), so that path meets every case the suite draws."""
 
     spec: KernelSpec = field(default_factory=_full_spec)
 
     def launch(self, case: AttentionCase, q: Any, k: Any, v: Any, out: Any, lse: Any) -> None:
-        q_lengths, k_lengths = (
-            _torch.int32_tensor([length(b) for b in range(case.B)], q.device)
-            for length in (case.q_length, case.k_length)
-        )
-        window = window_bounds(case.mask, case.Sq, case.Sk)
-        launch_full(
-            q, k, v, out, lse, case.softmax_scale, case.mask.causal, q_lengths, k_lengths, window,
-            **knobs_from_env(),
-        )  # fmt: skip
+        _launch_varlen_path(case, q, k, v, out, lse)
+
+
+def _launch_varlen_path(case: AttentionCase, q: Any, k: Any, v: Any, out: Any, lse: Any) -> None:
+    q_lengths, k_lengths = (
+        _torch.int32_tensor([length(b) for b in range(case.B)], q.device)
+        for length in (case.q_length, case.k_length)
+    )
+    window = window_bounds(case.mask, case.Sq, case.Sk)
+    launch_full(
+        q, k, v, out, lse, case.softmax_scale, case.mask.causal, q_lengths, k_lengths, window,
+        **knobs_from_env(),
+    )  # fmt: skip
 
 
 def launch(
