@@ -255,8 +255,8 @@ def _exponent_range(x: np.ndarray) -> tuple[int, int]:
     ``lo`` is the place of the lowest set bit over all values: clearing the lowest set bit of a
     double's bit pattern (``bits & (bits - 1)``) and subtracting leaves exactly that bit's value
     when the mantissa field is nonzero (a difference within a factor 2, so exact); a power of
-    two is its own lowest bit. Integer and compare passes in cache-sized chunks: a 2^24-element
-    K took 0.6 s with frexp/log2 on whole arrays, about 20x this.
+    two is its own lowest bit. Integer and compare passes in cache-sized chunks: on a 2^24-element
+    K, 0.03 s where frexp/log2 over whole arrays took 0.3 s (1.6 s on fresh pages), 2-core host.
     """
     flat = x.reshape(-1)
     lowest_bit, top = np.inf, 0.0
