@@ -162,9 +162,11 @@ def apply_mask(
         start, limit = key_range(row, seqlen_q, seqlen_k, causal, window_left, window_right)
         col_start, col_limit = start - col_offset, limit - col_offset
         for c in cutlass.range_constexpr(cute.size(scores, mode=[1])):
+            # Conditional expressions (selects), not ``if`` statements: a chain of branches
+            # on comparisons with consecutive constants became a quadratic cascade of selects
+            # (996 FSEL for 64 scores at 128 x 128; 64 with selects).
             col = coords[r, c][1]
-            if col >= col_limit:
-                scores[r, c] = -cutlass.Float32.inf
+            hidden = col >= col_limit
             if cutlass.const_expr(window_left is not None):
-                if col < col_start:
-                    scores[r, c] = -cutlass.Float32.inf
+                hidden = hidden | (col < col_start)
+            scores[r, c] = -cutlass.Float32.inf if hidden else scores[r, c]

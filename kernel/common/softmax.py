@@ -17,11 +17,19 @@ docs/design.md#empty-rows).
 Each row's values are spread over ``threads_per_row`` lanes of a warp (4 for the SM90 WGMMA and
 SM80 mma accumulators, 1 for a thread-per-row SM100 softmax); the row max is all-reduced across
 them every block, the row sum only once in :meth:`finalize`.
+
+Inside a thread, a row's max and its block sum are each taken over :data:`PARTIALS` interleaved
+partial results combined by a tree (:func:`reduce_row`), not one chain through every column: a
+chain of 32 dependent ``max`` or ``add`` instructions per row sat on the critical path between
+the two GEMMs. The max is exact in any order; the sum's order is one more way of adding
+positive terms, which the derived bound covers (docs/numerics.md, section 4: the bound holds for
+every summation order).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import cutlass
 import cutlass.cute as cute
@@ -29,6 +37,22 @@ from cutlass import Float32
 
 LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
+# Independent partial results per row and reduction (max, sum): enough to hide the latency of a
+# dependent FMNMX/FADD chain, few enough to cost no registers.
+PARTIALS = 4
+
+
+def reduce_row(values: list, combine: Callable) -> object:
+    """``combine`` over ``values`` (trace-time Python: the DSL sees ``len(values) - 1``
+    instructions): :data:`PARTIALS` interleaved partial results, partial ``j`` taking
+    ``values[j], values[j + PARTIALS], ...``, then combined as a balanced tree."""
+    partials = list(values[:PARTIALS])
+    for i in range(len(partials), len(values)):
+        partials[i % PARTIALS] = combine(partials[i % PARTIALS], values[i])
+    while len(partials) > 1:
+        paired = [combine(a, b) for a, b in zip(partials[::2], partials[1::2], strict=False)]
+        partials = paired + partials[len(paired) * 2 :]
+    return partials[0]
 
 
 class OnlineSoftmax:
@@ -71,10 +95,10 @@ class OnlineSoftmax:
     def update(self, scores: cute.Tensor, alpha: cute.Tensor) -> None:
         """Turn ``scores`` (``(rows, cols)`` view, masked entries ``-inf``) into ``p`` in place
         and write each row's O rescale factor into ``alpha``."""
+        cols = cute.size(scores, mode=[1])
         for r in cutlass.range_constexpr(self.num_rows):
-            row_max = self.row_max[r]
-            for c in cutlass.range_constexpr(cute.size(scores, mode=[1])):
-                row_max = cute.arch.fmax(row_max, scores[r, c])
+            row = [scores[r, c] for c in range(cols)]
+            row_max = reduce_row([self.row_max[r], *row], cute.arch.fmax)
             row_max = cute.arch.warp_reduction_max(row_max, threads_in_group=self.threads_per_row)
             safe_max = row_max
             if row_max == -Float32.inf:
@@ -83,11 +107,11 @@ class OnlineSoftmax:
             row_alpha = cute.math.exp2(
                 (self.row_max[r] - safe_max) * self.scale_log2, fastmath=True
             )
-            block_sum = Float32(0.0)
-            for c in cutlass.range_constexpr(cute.size(scores, mode=[1])):
-                p = cute.math.exp2(scores[r, c] * self.scale_log2 - max_scaled, fastmath=True)
-                scores[r, c] = p
-                block_sum += p
+            for c in cutlass.range_constexpr(cols):
+                scores[r, c] = cute.math.exp2(
+                    scores[r, c] * self.scale_log2 - max_scaled, fastmath=True
+                )
+            block_sum = reduce_row([scores[r, c] for c in range(cols)], _add)
             self.row_sum[r] = self.row_sum[r] * row_alpha + block_sum
             self.row_max[r] = row_max
             alpha[r] = row_alpha
@@ -108,6 +132,10 @@ class OnlineSoftmax:
                 row_lse = -Float32.inf
             inv_sum[r] = inv
             lse[r] = row_lse
+
+
+def _add(a: Float32, b: Float32) -> Float32:
+    return a + b
 
 
 @cute.jit
