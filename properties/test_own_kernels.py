@@ -2,7 +2,8 @@
 
 CPU (``cutlass`` from nvidia-cutlass-dsl, no GPU): the SM90 kernel compiles for sm_90a in every
 configuration the adapters ``own-sm90`` and ``own-sm90-full`` declare, in the variant they run
-(``DEFAULT_KNOBS``: overlap, longest_first, smem_epilogue) and in the baseline without knobs, and
+(``DEFAULT_KNOBS``: overlap, pingpong, longest_first, smem_epilogue, m192) and in the baseline
+without knobs, and
 the PTX holds the instructions that prove the hardware path (WGMMA, TMA, ex2.approx, setmaxnreg
 honoured through ``.minnctapersm 1``; for the varlen path of ``own-sm90-full`` also the proxy
 fence and the named barrier that guard the zeroed V rows) and the signature of each knob (e.g. a
@@ -65,8 +66,16 @@ PTX_MUST_HAVE = (
     ".minnctapersm 1",
 )
 # The zeroed V rows of a partial block: generic-proxy stores made visible to the WGMMA (async
-# proxy), then the consumer warpgroups' named barrier.
-PTX_VARLEN_MUST_HAVE = ("fence.proxy.async.shared::cta", "bar.sync 1, 256")
+# proxy), then the consumer warpgroups' named barrier (1, on all their threads).
+VARLEN_FENCE = "fence.proxy.async.shared::cta"
+
+
+def consumer_barrier(kernel: object) -> str:
+    """The PTX of the consumer warpgroups' named barrier (1) in ``kernel``: 256 threads, or
+    384 with three consumer warpgroups (``m192`` at D = 64)."""
+    return f"bar.sync 1, {128 * kernel.num_consumer_wg}"
+
+
 # The overlap knob's signature: wait until one WGMMA group (the PV) is left in flight, while the
 # softmax works on the S the other group produced. The baseline kernel always waits for all.
 OVERLAP_WAIT = "wgmma.wait_group.sync.aligned 1;"
@@ -80,13 +89,10 @@ VARIANT_KNOBS = {"default": dict.fromkeys(DEFAULT_KNOBS, True), "baseline": {}}
 
 
 def _sm90(dtype: str, head_dim: int, causal: bool, **knobs: bool):
-    """The kernel as the adapters build it, with the compile-time ``knobs`` given."""
-    from attention_crossval.kernel.adapters.own_sm90 import NUM_CONSUMER_WG, TILE_N
-    from attention_crossval.kernel.sm90.fwd import FlashAttentionForwardSm90
+    """The kernel as the adapters build it, with the launch ``knobs`` given."""
+    from attention_crossval.kernel.adapters.own_sm90 import make_kernel
 
-    return FlashAttentionForwardSm90(
-        dtype, head_dim, causal, num_consumer_wg=NUM_CONSUMER_WG, tile_n=TILE_N, **knobs
-    )
+    return make_kernel(dtype, head_dim, causal, **knobs)
 
 
 def _ptx(compiled: object) -> str:
@@ -106,8 +112,9 @@ def _variant_ptx(kernel: object, dtype: str, head_dim: int, path: str, tmp_path:
     ptx = _ptx(kernel.compile(options=options, varlen=varlen, window=window))
     assert_sm90_ptx(ptx, dtype, head_dim)
     if varlen:
-        missing = [spelling for spelling in PTX_VARLEN_MUST_HAVE if spelling not in ptx]
+        missing = [s for s in (VARLEN_FENCE, consumer_barrier(kernel)) if s not in ptx]
         assert not missing, f"PTX lacks {missing}"
+    assert f".reqntid {128 * (kernel.num_consumer_wg + 1)}, 1, 1" in ptx
     return ptx
 
 
@@ -144,8 +151,8 @@ def test_sm90_compiles_to_wgmma_tma_ex2(
     the PTX) and in the baseline (no knob's signature)."""
     kernel = _sm90(dtype, head_dim, causal, **VARIANT_KNOBS[variant])
     ptx = _variant_ptx(kernel, dtype, head_dim, "plain", tmp_path)
-    assert "bar.sync 1, 256" not in ptx  # not the varlen path (zeroed V rows)
-    assert_variant_ptx(ptx, variant, head_dim, causal, "plain")
+    assert consumer_barrier(kernel) not in ptx  # not the varlen path (zeroed V rows)
+    assert_variant_ptx(ptx, variant, kernel, causal, "plain")
     assert_no_spills("".join(capfd.readouterr()))
 
 
@@ -174,7 +181,7 @@ def test_sm90_full_compiles_without_spills(
     path = "varlen+window" if window else "varlen"
     kernel = _sm90(dtype, head_dim, causal, **VARIANT_KNOBS[variant])
     ptx = _variant_ptx(kernel, dtype, head_dim, path, tmp_path)
-    assert_variant_ptx(ptx, variant, head_dim, causal, path)
+    assert_variant_ptx(ptx, variant, kernel, causal, path)
     assert_no_spills("".join(capfd.readouterr()))
 
 
@@ -208,12 +215,14 @@ def test_sm90_overlap_compiles_without_spills(
 @pytest.mark.cpu
 @needs_cutlass
 @pytest.mark.parametrize(
-    ("dtype", "head_dim", "causal", "path"),
+    ("dtype", "head_dim", "causal", "path", "m192"),
     [
-        ("bfloat16", 128, False, "plain"),
-        ("bfloat16", 128, True, "plain"),
-        ("float16", 64, True, "varlen+window"),
-        ("bfloat16", 128, False, "varlen"),
+        ("bfloat16", 128, False, "plain", False),
+        ("bfloat16", 128, True, "plain", False),
+        ("float16", 64, True, "varlen+window", False),
+        ("bfloat16", 128, False, "varlen", False),
+        ("bfloat16", 64, False, "plain", True),
+        ("float16", 64, True, "varlen+window", True),
     ],
 )
 def test_sm90_pingpong_compiles_without_spills(
@@ -221,29 +230,37 @@ def test_sm90_pingpong_compiles_without_spills(
     head_dim: int,
     causal: bool,
     path: str,
+    m192: bool,
     tmp_path: Path,
     capfd: pytest.CaptureFixture[str],
 ) -> None:
-    """``overlap=True, pingpong=True`` (run on the H200 only in the benchmark) builds without
-    spills
-    and with the turn-taking of the two consumer warpgroups in the PTX: the first warpgroup's
-    one ``bar.arrive`` on its own barrier (2) before the loops, then per loop one ``bar.sync``
-    on the warpgroup's barrier before its GEMMs and one ``bar.arrive`` on the other's after
-    them, on 256 threads; the overlap's waits as without ping-pong."""
-    kernel = _sm90(dtype, head_dim, causal, overlap=True, pingpong=True)
+    """``overlap=True, pingpong=True`` (alone; with two or, ``m192`` at D = 64, three consumer
+    warpgroups) builds without spills and with the warpgroups' turn-taking in the PTX
+    (:func:`assert_pingpong_turns`); the overlap's waits as without ping-pong."""
+    kernel = _sm90(dtype, head_dim, causal, overlap=True, pingpong=True, m192=m192)
+    assert kernel.num_consumer_wg == (3 if m192 else 2)
     ptx = _variant_ptx(kernel, dtype, head_dim, path, tmp_path)
     loops = _overlap_loops(path)
     assert ptx.count(OVERLAP_WAIT) == loops
+    assert_pingpong_turns(ptx, loops)
+    assert_no_spills("".join(capfd.readouterr()))
+
+
+def assert_pingpong_turns(ptx: str, loops: int) -> None:
+    """The ping-pong in the PTX: the first warpgroup's one ``bar.arrive`` on its own barrier
+    (2) before the loops (its first turn), then per loop over the blocks one ``bar.sync`` on the
+    warpgroup's barrier before its GEMMs and one ``bar.arrive`` on the next warpgroup's after
+    them, each on 256 threads (the waiting warpgroup and the one handing over)."""
     assert ptx.count("bar.arrive 2, 256;") == 1
     assert len(re.findall(r"bar\.sync %r\d+, 256;", ptx)) == loops
     assert len(re.findall(r"bar\.arrive %r\d+, 256;", ptx)) == loops
-    assert_no_spills("".join(capfd.readouterr()))
 
 
 @pytest.mark.cpu
 @needs_cutlass
 def test_sm90_pingpong_needs_overlap() -> None:
-    """Ping-pong exists only on top of the overlap loop, with two consumer warpgroups."""
+    """Ping-pong exists only on top of the overlap loop, with two or more consumer
+    warpgroups."""
     with pytest.raises(ValueError, match="pingpong"):
         _sm90("bfloat16", 128, False, pingpong=True)
 
@@ -274,10 +291,10 @@ def test_sm90_longest_first_compiles_without_spills(
     """``longest_first=True`` (on top of ``overlap``; part of ``DEFAULT_KNOBS``) builds
     without spills and reverses the query tiles where their work differs (causal or windowed):
     the PTX reads the grid's x extent (``%nctaid.x``) for ``m_block = nctaid.x - 1 - ctaid.x``,
-    which no other variant reads."""
+    which no other one-tile variant reads."""
     kernel = _sm90(dtype, head_dim, causal, overlap=True, longest_first=True)
     ptx = _variant_ptx(kernel, dtype, head_dim, path, tmp_path)
-    assert ptx.count(LONGEST_FIRST_SREG) == 1
+    assert LONGEST_FIRST_SREG in ptx  # once, or copied by the compiler into branches
     assert ptx.count(OVERLAP_WAIT) == _overlap_loops(path)
     assert_no_spills("".join(capfd.readouterr()))
 
@@ -327,6 +344,32 @@ def test_sm90_has_no_register_spills(capfd: pytest.CaptureFixture[str]) -> None:
     assert_no_spills("".join(capfd.readouterr()))
 
 
+# A masked score becomes -inf by one select (kernel/common/mask.py); the kernel has few others.
+MASK_SELECT = re.compile(r"selp\.f32\s")
+SCORES_PER_THREAD = 64  # a warpgroup's 64 x 128 scores over its 128 threads
+
+
+@pytest.mark.cpu
+@needs_cutlass
+@pytest.mark.parametrize(
+    ("dtype", "head_dim", "causal", "path"),
+    [("bfloat16", 128, True, "plain"), ("float16", 64, False, "varlen+window")],
+)
+def test_sm90_mask_is_one_select_per_score(
+    dtype: str, head_dim: int, causal: bool, path: str, tmp_path: Path
+) -> None:
+    """The mask costs one select of ``-inf`` per score where it runs (the first block and
+    each masked loop: two to four copies in the PTX; 146 and 276 ``selp.f32`` in all in these
+    two configurations), so at most six scores' worth of selects per thread. Written as an
+    ``if`` per score, the mask compiled to a cascade of selects growing with the square of the
+    scores (2098 in the first configuration, 996 FSEL per masked block in SASS) or to branches
+    (24 selects in the second), which this count catches (both seen, 2026-12-02)."""
+    kernel = _sm90(dtype, head_dim, causal, **VARIANT_KNOBS["default"])
+    ptx = _variant_ptx(kernel, dtype, head_dim, path, tmp_path)
+    selects = len(MASK_SELECT.findall(ptx))
+    assert SCORES_PER_THREAD * 2 <= selects <= SCORES_PER_THREAD * 6, selects
+
+
 def assert_no_spills(compile_output: str) -> None:
     """ptxas' ``remarks{ptx}`` report in ``compile_output`` exists and says 0 spill bytes."""
     spills = [int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", compile_output)]
@@ -336,8 +379,8 @@ def assert_no_spills(compile_output: str) -> None:
 
 @pytest.mark.cpu
 @needs_cutlass
-@pytest.mark.parametrize("head_dim", [64, 128])
-def test_sm90_register_views_match_the_mma_layouts(head_dim: int) -> None:
+@pytest.mark.parametrize(("head_dim", "num_wg"), [(64, 2), (128, 2), (64, 3)])
+def test_sm90_register_views_match_the_mma_layouts(head_dim: int, num_wg: int) -> None:
     """The kernel's re-views of WGMMA fragments, checked on coordinates at trace time:
 
     * ``acc_as_operand_a`` of the S accumulator holds, value for value, the (row, key) the PV
@@ -352,11 +395,12 @@ def test_sm90_register_views_match_the_mma_layouts(head_dim: int) -> None:
     import cutlass.utils.hopper_helpers as sm90_utils
     from cutlass.cute.nvgpu import OperandMajorMode, warpgroup
 
-    from attention_crossval.kernel.adapters.own_sm90 import NUM_CONSUMER_WG, TILE_N
+    from attention_crossval.kernel.adapters.own_sm90 import TILE_N
     from attention_crossval.kernel.sm90.fwd import ROWS_PER_WG, acc_as_operand_a, acc_rows_cols
 
-    tile_m = ROWS_PER_WG * NUM_CONSUMER_WG
+    tile_m = ROWS_PER_WG * num_wg  # num_wg consumer warpgroups: 128 or (m192) 192 rows
     threads = [0, 1, 2, 3, 4, 5, 6, 7, 31, 32, 33, 34, 35, 97, 127, 128, 129, 130, 131, 254]
+    threads += [256, 257, 290, 383] if num_wg == 3 else []
     seen: dict[str, dict[int, object]] = {"a": {}, "p": {}, "s_rows": {}, "o_rows": {}}
 
     def coords(tensor: cute.Tensor) -> list:
@@ -372,7 +416,7 @@ def test_sm90_register_views_match_the_mma_layouts(head_dim: int) -> None:
     @cute.jit
     def trace() -> None:
         dtype, k_major = cutlass.BFloat16, OperandMajorMode.K
-        atoms = (NUM_CONSUMER_WG, 1, 1)
+        atoms = (num_wg, 1, 1)
         qk = sm90_utils.make_trivial_tiled_mma(
             dtype, dtype, k_major, k_major, cutlass.Float32, atoms, (ROWS_PER_WG, TILE_N)
         )
@@ -409,7 +453,7 @@ def test_sm90_register_views_match_the_mma_layouts(head_dim: int) -> None:
 # smem_epilogue: O into shared memory by stmatrix, the generic-proxy writes fenced for the TMA
 # unit, the consumer warpgroups' epilogue barrier (4); then a TMA store (global <- shared) whose
 # reads the issuing thread waits for, or under varlen 16-byte chunks through registers.
-SMEM_EPILOGUE_MUST_HAVE = ("fence.proxy.async.shared::cta", "bar.sync 4, 256;")
+SMEM_EPILOGUE_FENCE = "fence.proxy.async.shared::cta"
 STMATRIX = "stmatrix.sync.aligned.m8n8.x4.shared.b16"
 TMA_STORE = "cp.async.bulk.tensor.4d.global.shared::cta"
 TMA_STORE_READ_WAIT = "cp.async.bulk.wait_group.read 0;"
@@ -420,24 +464,40 @@ SMEM_EPILOGUE_CONFIGS = [
     ("float16", 64, False, "plain", ("overlap", "longest_first")),
     ("bfloat16", 128, True, "varlen+window", ("overlap", "longest_first")),
     ("float16", 64, False, "varlen", ()),
+    ("bfloat16", 64, True, "plain", ("overlap", "m192")),
+    ("float16", 64, False, "varlen", ("m192",)),
 ]
 
 
-def assert_variant_ptx(ptx: str, variant: str, head_dim: int, causal: bool, path: str) -> None:
+def epilogue_barrier(kernel: object) -> str:
+    """The PTX of the consumer warpgroups' epilogue barrier (5) in ``kernel``."""
+    return f"bar.sync 5, {128 * kernel.num_consumer_wg};"
+
+
+def assert_variant_ptx(ptx: str, variant: str, kernel: object, causal: bool, path: str) -> None:
     """Each knob of ``variant`` (:data:`VARIANT_KNOBS`) leaves its signature in the PTX, and the
-    baseline none: the overlap's ``wait_group 1`` per loop over the blocks; longest-first's read
-    of ``%nctaid.x`` where query tiles differ in work (causal or a window; otherwise the knob
-    compiles to nothing); the shared-memory epilogue's ``stmatrix`` and no 2-byte global store,
-    then without varlen its TMA store, where the baseline stores O element by element."""
-    assert set(DEFAULT_KNOBS) == {"overlap", "longest_first", "smem_epilogue"}  # what is checked
+    baseline none: the overlap's ``wait_group 1`` per loop over the blocks; the ping-pong's
+    turns (:func:`assert_pingpong_turns`); longest-first's read of ``%nctaid.x`` where query
+    tiles differ in work (causal or a window; otherwise the knob compiles to nothing); the
+    shared-memory epilogue's ``stmatrix`` and no 2-byte global store, then without varlen its
+    TMA store, where the baseline stores O element by element; ``m192``'s three consumer
+    warpgroups at D = 64 (two at D = 128, and in the baseline), which :func:`_variant_ptx`
+    finds in the PTX's thread count."""
+    assert set(DEFAULT_KNOBS) == {"overlap", "pingpong", "longest_first", "smem_epilogue", "m192"}
+    head_dim = kernel.head_dim
     if variant == "baseline":
         assert OVERLAP_WAIT not in ptx and LONGEST_FIRST_SREG not in ptx
         assert STMATRIX not in ptx and TMA_STORE not in ptx and "st.global.b16" in ptx
+        assert "bar.arrive" not in ptx and kernel.num_consumer_wg == 2
         return
-    assert ptx.count(OVERLAP_WAIT) == _overlap_loops(path)
-    assert ptx.count(LONGEST_FIRST_SREG) == (1 if causal or "window" in path else 0)
+    loops = _overlap_loops(path)
+    assert ptx.count(OVERLAP_WAIT) == loops
+    assert_pingpong_turns(ptx, loops)
+    # present where tiles differ in work (the compiler may copy the read into branches)
+    assert (LONGEST_FIRST_SREG in ptx) == (causal or "window" in path)
     assert ptx.count(STMATRIX) == head_dim // 16 and "st.global.b16" not in ptx
     assert ptx.count(TMA_STORE) == (0 if "varlen" in path else head_dim // 64)
+    assert kernel.num_consumer_wg == (3 if head_dim == 64 else 2)
 
 
 @pytest.mark.cpu
@@ -460,7 +520,7 @@ def test_sm90_smem_epilogue_compiles_without_spills(
     baseline epilogue's per-element ``st.global.b16``) is left."""
     kernel = _sm90(dtype, head_dim, causal, smem_epilogue=True, **dict.fromkeys(knobs, True))
     ptx = _variant_ptx(kernel, dtype, head_dim, path, tmp_path)
-    missing = [spelling for spelling in SMEM_EPILOGUE_MUST_HAVE if spelling not in ptx]
+    missing = [x for x in (SMEM_EPILOGUE_FENCE, epilogue_barrier(kernel)) if x not in ptx]
     assert not missing, f"PTX lacks {missing}"
     assert ptx.count(STMATRIX) == head_dim // 16
     assert "st.global.b16" not in ptx
@@ -476,10 +536,10 @@ def test_sm90_smem_epilogue_compiles_without_spills(
 
 @pytest.mark.cpu
 @needs_cutlass
-@pytest.mark.parametrize("head_dim", [64, 128])
-def test_sm90_smem_epilogue_copies_match_the_mma_layout(head_dim: int) -> None:
+@pytest.mark.parametrize(("head_dim", "num_wg"), [(64, 2), (128, 2), (64, 3)])
+def test_sm90_smem_epilogue_copies_match_the_mma_layout(head_dim: int, num_wg: int) -> None:
     """The ``smem_epilogue`` copies, checked on coordinates at trace time, over all 256
-    consumer threads:
+    consumer threads (384 with three consumer warpgroups, ``m192`` at D = 64):
 
     * the ``stmatrix`` copy takes each thread's O registers (re-viewed by ``retile``) as the
       (row, col) values the PV accumulator holds there, and its destinations cover the
@@ -493,10 +553,9 @@ def test_sm90_smem_epilogue_copies_match_the_mma_layout(head_dim: int) -> None:
     from cutlass.cute.nvgpu import OperandMajorMode, warpgroup
     from cutlass.tensor_utils import LayoutEnum
 
-    from attention_crossval.kernel.adapters.own_sm90 import NUM_CONSUMER_WG
     from attention_crossval.kernel.sm90.fwd import ROWS_PER_WG, WG_THREADS
 
-    tile_m, threads = ROWS_PER_WG * NUM_CONSUMER_WG, WG_THREADS * NUM_CONSUMER_WG
+    tile_m, threads = ROWS_PER_WG * num_wg, WG_THREADS * num_wg
     thread_ids = list(range(threads))
     sources: list[tuple[list, list]] = []
     written: list = []
@@ -510,7 +569,7 @@ def test_sm90_smem_epilogue_copies_match_the_mma_layout(head_dim: int) -> None:
         dtype = cutlass.BFloat16
         pv = sm90_utils.make_trivial_tiled_mma(
             dtype, dtype, OperandMajorMode.K, OperandMajorMode.MN, cutlass.Float32,
-            (NUM_CONSUMER_WG, 1, 1), (ROWS_PER_WG, head_dim), warpgroup.OperandSource.RMEM,
+            (num_wg, 1, 1), (ROWS_PER_WG, head_dim), warpgroup.OperandSource.RMEM,
         )  # fmt: skip
         atom = sm90_utils.get_smem_store_op(LayoutEnum.ROW_MAJOR, dtype, cutlass.Float32)
         stsm = cute.make_tiled_copy_C(atom, pv)
@@ -779,7 +838,7 @@ def test_own_sm90_declarations() -> None:
     from attention_crossval.kernel.adapters.own_sm90 import FULL_MAX_SEQLEN
 
     spec, full = resolve("own-sm90").spec, resolve("own-sm90-full").spec
-    base = _cute.own_kernel_spec("own-sm90", tile_m=128, tile_n=128)
+    base = _cute.own_kernel_spec("own-sm90", tile_m=64, tile_n=128)  # 64: every tile's unit
     assert spec.gqa and spec.mask_kinds == {"causal", "window", "varlen"}
     assert (spec.padded_rows, spec.max_seqlen) == ("unwritten", FULL_MAX_SEQLEN)
     surface = ("gqa", "mask_kinds", "padded_rows", "max_seqlen")
@@ -817,16 +876,16 @@ def test_own_sm90_runs_plain_cases_dense_and_the_rest_on_the_varlen_path(monkeyp
 
 @pytest.mark.cpu
 def test_own_sm90_overlap_switch(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The variant switch: unset, empty or ``default``, ``ATTENTION_CROSSVAL_SM90_OVERLAP`` makes
-    the registered adapters run ``DEFAULT_KNOBS`` (overlap, longest_first, smem_epilogue, the
-    fastest variant measured on the H200); ``baseline`` or ``0`` the kernel without knobs, ``1``
-    overlap alone, ``pingpong`` overlap + ping-pong, a comma-separated list of knob names
-    exactly those knobs (``pingpong`` bringing ``overlap``); anything else fails loudly, naming
-    the variable and the allowed values (a typo must not pass off the default kernel's results
-    as a variant's)."""
+    """The variant switch: unset, empty or ``default``, ``ATTENTION_CROSSVAL_SM90_OVERLAP``
+    makes the registered adapters run ``DEFAULT_KNOBS`` (overlap, pingpong, longest_first,
+    smem_epilogue, m192: the fastest variant measured on the H200); ``baseline`` or ``0`` the
+    kernel without knobs, ``1`` overlap alone, ``pingpong`` overlap + ping-pong, a
+    comma-separated list of knob names exactly those knobs (``pingpong`` bringing
+    ``overlap``); anything else fails loudly, naming the variable and the allowed values (a
+    typo must not pass off the default kernel's results as a variant's)."""
     from attention_crossval.kernel.adapters.own_sm90 import KNOBS, OVERLAP_ENV, knobs_from_env
 
-    default = {"overlap": True, "longest_first": True, "smem_epilogue": True}
+    default = dict.fromkeys(("overlap", "pingpong", "longest_first", "smem_epilogue", "m192"), True)
     assert dict.fromkeys(DEFAULT_KNOBS, True) == default
     monkeypatch.delenv(OVERLAP_ENV, raising=False)
     assert knobs_from_env() == default
@@ -838,7 +897,7 @@ def test_own_sm90_overlap_switch(monkeypatch: pytest.MonkeyPatch) -> None:
         ("", default), ("default", default), ("0", {}), ("baseline", {}),
         ("1", {"overlap": True}), ("pingpong", pingpong),
         ("overlap,longest_first", lf), ("longest_first, overlap", lf),
-        ("overlap,longest_first,smem_epilogue", default),
+        ("overlap,pingpong,longest_first,smem_epilogue,m192", default),
         ("pingpong,longest_first", {**pingpong, "longest_first": True}),
         (",".join(KNOBS), dict.fromkeys(KNOBS, True)),
         ("overlap,persistent", {"overlap": True, "persistent": True}),

@@ -12,30 +12,25 @@ on its varlen path; ``own-sm90-full`` runs every case on the varlen path (full l
 case has none), so that the suite puts that path through every case it draws. A varlen-path
 case compiles one of 16 variants: (dtype, D, causal, window).
 
-What ran on the H200 (2026-12-01), before ``own-sm90`` took the full declaration (it then
-declared only the dense path's cases, which it ran): ``own-sm90-full`` without knobs in
-``pytest properties/test_kernels.py -m gpu --kernel own-sm90-full --hypothesis-seed=1`` (dev
-profile: 22 passed) and the targeted cases (``pytest properties/test_own_kernels.py -m gpu -k
-targeted``: 14 passed, 6 of ``own-sm90`` and 8 of ``own-sm90-full``); then both adapters with
-:data:`DEFAULT_KNOBS` in ``pytest -m gpu --kernel NAME properties/test_kernels.py
-properties/test_own_kernels.py`` (``HYPOTHESIS_PROFILE=triage``, seed 2: 35 passed for
-``own-sm90``, 38 for ``own-sm90-full``), and the kernel suite on the ``ci`` profile (``CI=true
-pytest -m gpu --kernel NAME properties/test_kernels.py``: 19 passed for ``own-sm90``, 22 for
-``own-sm90-full``). So both of ``own-sm90``'s paths passed the suite on the cases they now get;
-the dispatching adapter itself has not run on a GPU.
+What ran on the H200: on 2026-12-01 ``own-sm90-full`` and ``own-sm90``'s dense path under the
+kernel suite and the targeted cases, without knobs and with that day's default
+(``overlap,longest_first,smem_epilogue``); on 2026-12-02 both adapters, the dispatching
+``own-sm90`` included, with the present :data:`DEFAULT_KNOBS`: ``CI=true pytest -m gpu -n 6
+--kernel own-sm90 --kernel own-sm90-full properties/test_kernels.py
+properties/test_own_kernels.py``, 56 passed.
 
 The kernel variant: both adapters run :data:`DEFAULT_KNOBS` (``overlap``: intra-warpgroup
-overlap of the softmax with the WGMMAs; ``longest_first``: causal and windowed tiles in
-decreasing work order; ``smem_epilogue``: O through shared memory and a TMA store), the fastest
-variant of benchmarks/bench_own_sm90.py on 6 of its 8 rows on the H200 (2026-12-01), unless the
-environment variable ``ATTENTION_CROSSVAL_SM90_OVERLAP`` says otherwise when they launch:
-``baseline`` or ``0`` the kernel without knobs (the default before 2026-12-01), ``1`` overlap
-alone, ``pingpong`` overlap with ping-pong, ``default`` or empty the default, or a comma-separated
-list of :data:`KNOBS` names, exactly those on (``pingpong`` bringing ``overlap``), e.g.
-``overlap,persistent``. ``pingpong`` (the two consumer warpgroups take turns issuing their
-WGMMAs) and ``persistent`` (one CTA per SM looping over the tiles; not with ``pingpong`` nor
-``smem_epilogue``) stay opt-in: in that benchmark, the only place they have run, adding
-``pingpong`` was slower on 7 of 8 rows and ``persistent`` was mixed against ``overlap`` alone.
+overlap of the softmax with the WGMMAs; ``pingpong``: the consumer warpgroups take turns
+issuing their WGMMAs; ``longest_first``: causal and windowed tiles in decreasing work order;
+``smem_epilogue``: O through shared memory and a TMA store; ``m192``: three consumer warpgroups,
+192-row query tiles, at D = 64), on the H200 (2026-12-02) the fastest variant of
+benchmarks/bench_own_sm90.py or within 2.5 % of it on every row, unless the environment
+variable ``ATTENTION_CROSSVAL_SM90_OVERLAP`` says otherwise when they launch: ``baseline`` or
+``0`` the kernel without knobs, ``1`` overlap alone, ``pingpong`` overlap with ping-pong,
+``default`` or empty the default, or a comma-separated list of :data:`KNOBS` names, exactly
+those on (``pingpong`` bringing ``overlap``), e.g. ``overlap,persistent``. ``persistent`` (one
+CTA per SM looping over the tiles; not with ``pingpong`` nor ``smem_epilogue``) stays opt-in:
+it has run only in that benchmark, where it was mixed against ``overlap`` alone (2026-12-01).
 Benchmarks choose a variant directly with the knob arguments of :func:`launch` and
 :func:`launch_full`, where a knob left out is off (no knobs: the baseline kernel).
 
@@ -55,17 +50,20 @@ from attention_crossval.kernel.adapters import _cute, _torch
 from attention_crossval.kernel.spec import KernelSpec
 from attention_crossval.reference.case import AttentionCase, Mask
 
-NUM_CONSUMER_WG = 2  # 128-row query tiles
+NUM_CONSUMER_WG = 2  # 128-row query tiles (three, 192 rows, at D = 64 with m192)
+ROWS_PER_WG = 64  # query rows per consumer warpgroup (the WGMMA M extent)
 TILE_N = 128
 # own-sm90-full adds lengths and window bounds to row indices in int32 (kernel/common/mask.py):
 # every sum stays below 2 Sq + Sk, inside int32 with both lengths at most 2^29.
 FULL_MAX_SEQLEN = 1 << 29
 # The kernel's compile-time knobs the adapters pass through (kernel/sm90/fwd.py), all off in
 # the kernel and in launch() unless named; each combination is compiled and cached apart.
-KNOBS = ("overlap", "pingpong", "longest_first", "smem_epilogue", "persistent")
-# The registered adapters' default variant: the fastest of benchmarks/bench_own_sm90.py on 6 of
-# its 8 rows on the H200 (2026-12-01), and run there under the GPU property tests.
-DEFAULT_KNOBS = ("overlap", "longest_first", "smem_epilogue")
+KNOBS = ("overlap", "pingpong", "longest_first", "smem_epilogue", "persistent", "m192")
+# The registered adapters' default variant: in benchmarks/bench_own_sm90.py on the H200
+# (2026-12-02, CUDA-graph clock) the fastest (or level) on 5 of its 8 rows and within 2.5 % on
+# the other three (causal D = 128, where the variant without pingpong leads), and run there
+# under the GPU property tests (ci profile).
+DEFAULT_KNOBS = ("overlap", "pingpong", "longest_first", "smem_epilogue", "m192")
 # The registered adapters' kernel variant (switch): value -> launch knobs; unset is "".
 OVERLAP_ENV = "ATTENTION_CROSSVAL_SM90_OVERLAP"
 ENV_VARIANTS: dict[str, dict[str, bool]] = {
@@ -104,7 +102,9 @@ def _spec() -> KernelSpec:
     """``own-sm90``: everything the kernel implements, GQA/MQA, varlen (padded rows left
     unwritten) and sliding windows included."""
     return replace(
-        _cute.own_kernel_spec("own-sm90", tile_m=64 * NUM_CONSUMER_WG, tile_n=TILE_N),
+        # tile_m: the row unit every query tile is a multiple of (128 rows, or 192 at D = 64
+        # with ``m192``), so the strategies' lengths cluster on every tile edge.
+        _cute.own_kernel_spec("own-sm90", tile_m=ROWS_PER_WG, tile_n=TILE_N),
         gqa=True,
         mask_kinds=frozenset({"causal", "window", "varlen"}),
         padded_rows="unwritten",
@@ -188,8 +188,9 @@ def launch(
 ) -> None:
     """Run the kernel on torch CUDA tensors (see :func:`kernel.adapters._cute.launch`);
     ``knobs`` (names from :data:`KNOBS`: ``overlap``, ``pingpong``, ``longest_first``,
-    ``smem_epilogue``, ``persistent``; off when left out) pick the kernel's knobs of those names
-    (each variant compiled and cached apart). No knobs is the baseline kernel, not the
+    ``smem_epilogue``, ``persistent``, the kernel's knobs of those names, and ``m192``, 192-row
+    query tiles at D = 64 (:func:`consumer_warpgroups`); off when left out) pick the variant
+    (each compiled and cached apart). No knobs is the baseline kernel, not the
     adapters' default: a benchmark gets exactly the variant it names, and
     ``**dict.fromkeys(DEFAULT_KNOBS, True)`` (or :func:`knobs_from_env`) is what the adapters
     run. ``num_sms`` caps the persistent grid (default: the device's SM count; ignored without
@@ -242,7 +243,7 @@ def _launch(
         raise TypeError(f"unknown knobs {unknown}: the kernel's are {list(KNOBS)}")
     _check_out_alignment(out, knobs)
     _cute.launch(
-        name, partial(_make_kernel, **knobs), q, k, v, out, lse, softmax_scale, causal=causal,
+        name, partial(make_kernel, **knobs), q, k, v, out, lse, softmax_scale, causal=causal,
         variant=_variant(knobs), max_ctas=_max_ctas(q, knobs, num_sms), **full,
     )  # fmt: skip
 
@@ -282,11 +283,24 @@ def _variant(knobs: dict[str, bool]) -> tuple[str, ...]:
     return tuple(name for name in KNOBS if knobs.get(name))
 
 
-def _make_kernel(dtype: str, head_dim: int, causal: bool, **knobs: bool) -> Any:
+def consumer_warpgroups(head_dim: int, m192: bool) -> int:
+    """The kernel's consumer warpgroups (64 query rows each): 3 at D = 64 with the ``m192``
+    knob (192-row tiles, flash_attn.cute's SM90 choice there), else :data:`NUM_CONSUMER_WG`."""
+    return 3 if m192 and head_dim == 64 else NUM_CONSUMER_WG
+
+
+def make_kernel(
+    dtype: str, head_dim: int, causal: bool, *, m192: bool = False, **knobs: bool
+) -> Any:
     from attention_crossval.kernel.sm90.fwd import FlashAttentionForwardSm90
 
     return FlashAttentionForwardSm90(
-        dtype, head_dim, causal, num_consumer_wg=NUM_CONSUMER_WG, tile_n=TILE_N, **knobs
+        dtype,
+        head_dim,
+        causal,
+        num_consumer_wg=consumer_warpgroups(head_dim, m192),
+        tile_n=TILE_N,
+        **knobs,
     )
 
 

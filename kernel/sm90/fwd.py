@@ -13,16 +13,23 @@ Structure (one CTA per ``tile_m`` query rows of one (batch, head)):
 
 Without knobs (the baseline) kept simple rather than fast: each WGMMA is waited for
 (``wait_group(0)``) before the next step, so the softmax never overlaps tensor-core work; no TMA
-store, no persistent scheduler (the knobs below change each of these; all off unless passed; the
-baseline's PTX is unchanged by each knob's addition, checked byte for byte in 24 configurations).
-The baseline was the adapters' configuration until 2026-12-01, run and checked on the H200.
+store, no persistent scheduler (the knobs below change each of these; all off unless passed;
+each knob's addition left the baseline's PTX unchanged, checked byte for byte in 24
+configurations when it was added). The baseline was the adapters' configuration until
+2026-12-01, run and checked on the H200.
 
-The registered adapters now pass ``overlap``, ``longest_first`` and ``smem_epilogue``
-(``DEFAULT_KNOBS`` in kernel/adapters/own_sm90.py): on the H200 (2026-12-01) that combination was
-the fastest variant of benchmarks/bench_own_sm90.py on 6 of its 8 rows (0.89-0.97 of
-flash_attn.cute's TFLOP/s with the best variant per row), and both adapters passed the GPU
-property tests with it (``HYPOTHESIS_PROFILE=triage``, seed 2). ``pingpong`` and ``persistent``
-have run only in that benchmark.
+The registered adapters pass ``overlap``, ``pingpong``, ``longest_first`` and ``smem_epilogue``,
+and at D = 64 three consumer warpgroups (``DEFAULT_KNOBS`` in kernel/adapters/own_sm90.py, whose
+``m192`` knob sets ``num_consumer_wg=3``): on the H200 (2026-12-02, CUDA-graph clock) that
+variant reached 0.92-1.00 of flash_attn.cute's TFLOP/s on the 8 rows of
+benchmarks/bench_own_sm90.py, and both adapters passed the GPU property tests with it (``ci``
+profile). ``persistent`` has run only in that benchmark.
+
+Two details of the consumer code that cost the loop a tenth of its instructions before they were
+found in the SASS (2026-12-02): the WGMMA operand descriptors of Q, K and V come from the MMA
+sliced by the warpgroup's first thread (warp-uniform), not by ``tidx``, so they live in uniform
+registers (sliced by ``tidx`` every k-block's descriptor took vector arithmetic and ``R2UR``
+moves); and the mask selects (kernel/common/mask.py).
 
 The knob ``overlap=True`` (in the benchmark 5-29 % faster than the baseline, the same output
 difference from flash_attn.cute) pipelines the loop inside each consumer warpgroup, as
@@ -32,17 +39,27 @@ and softmaxes the new S while the PV may still run, then waits for the PV, relea
 rescales O by the new block's ``alpha`` and turns the new S into P; the last block's PV runs after
 the loop (:meth:`kv_loop_overlap`). Blocks that need the mask and those that do not run in separate
 loops (:func:`split_by_mask`), so no branch sits between the two waits. ptxas keeps the
-``wait_group(1)`` but schedules the final wait about halfway through the softmax (the rest of it
-runs after the PV), so the overlap is partial.
+``wait_group(1)`` but places the final wait early in the softmax: in the SASS of the unmasked loop
+about 10 of its 66 ``MUFU.EX2`` run between the two waits and the rest after the PV's, interleaved
+with the conversion of P. That conversion has to follow the wait: P's registers are read by the
+PV in flight, and writing a second P buffer while a WGMMA stage is open makes ptxas serialize
+every WGMMA (its warning C7513; tried 2026-12-02). flash_attn.cute's SM90 loop has the same split
+(11 of 66 before the wait, from its SASS compiled the same way).
 
-The knob ``pingpong=True`` (needs ``overlap=True`` and 2 consumer warpgroups; opt-in: in the
-benchmark, added to the default knobs, slower on 7 of 8 rows) adds FlashAttention 3's turn-taking:
-in each loop step a warpgroup waits on its named barrier (``SCHEDULER_BARRIER + wg``) before issuing
-its two GEMMs and, once they are issued, arrives on the other warpgroup's, so one warpgroup's GEMMs
-run while the other does its softmax. The first warpgroup's barrier gets one arrive before the loops
-(its first turn), so one arrive stays pending at exit, as in FlashAttention. Both warpgroups walk
-the same blocks (the block range is the CTA's), so their turns pair up; the varlen V-row zeroing,
-which syncs both warpgroups, runs before a warpgroup waits for its turn, never inside it.
+The knob ``pingpong=True`` (needs ``overlap=True`` and 2 or 3 consumer warpgroups; a default
+knob: in the benchmark of 2026-12-02 at D = 128, +7-10 % without causal, 0.5-2.5 % slower with
+it; on 2026-12-01, before the descriptor and mask fixes, it was slower on 7 of 8 rows) adds
+FlashAttention 3's turn-taking: in each loop step a warpgroup waits on its named barrier
+(``SCHEDULER_BARRIER + wg``) before issuing its two GEMMs and, once they are issued, arrives on
+the next warpgroup's (``(wg + 1) % num_consumer_wg``), so one warpgroup's GEMMs run while the
+others do their softmax. The first warpgroup's barrier gets one arrive before the loops (its
+first turn), so one arrive stays pending at exit, as in FlashAttention. Every warpgroup walks the
+same blocks (the block range is the CTA's), so their turns chain up; the varlen V-row zeroing,
+which syncs all consumer warpgroups, runs before a warpgroup waits for its turn, never inside it.
+
+``num_consumer_wg=3`` (the adapters' ``m192`` knob, a default at D = 64: +14-17 % there over
+128-row tiles, +8-12 % with ``pingpong`` on both) makes the query tile 192 rows, FlashAttention's SM90 tile at D = 64; the consumers get 160 registers
+each and the producer 32 (:data:`CONSUMER_REGISTERS`), which hold S, P and O at D = 64 only.
 
 The knob ``longest_first=True`` (a default knob; 0.4-4 % over ``overlap`` alone on the causal rows
 of the benchmark) reverses the CTA -> query tile map for causal or windowed kernels
@@ -164,10 +181,14 @@ HEAD_DIMS = (64, 128)
 WG_THREADS = 128
 ROWS_PER_WG = 64  # the WGMMA M extent
 CONSUMER_BARRIER = 1  # named barrier of the consumer warpgroups (0 is __syncthreads)
-# pingpong: consumer warpgroup w waits on named barrier SCHEDULER_BARRIER + w for its turn.
+# pingpong: consumer warpgroup w waits on named barrier SCHEDULER_BARRIER + w for its turn
+# (2, 3 and with three consumer warpgroups 4).
 SCHEDULER_BARRIER = 2
-# smem_epilogue: the consumer warpgroups meet here once O is in shared memory (after 2 and 3).
-EPILOGUE_BARRIER = 4
+# smem_epilogue: the consumer warpgroups meet here once O is in shared memory (after 2 to 4).
+EPILOGUE_BARRIER = 5
+# setmaxnreg per consumer warpgroup count: (producer, consumer) registers per thread, the
+# producer giving its share to the consumers (65536 per SM, one CTA; multiples of 8).
+CONSUMER_REGISTERS = {1: (24, 256), 2: (24, 240), 3: (32, 160)}
 
 
 def acc_rows_cols(acc: cute.Tensor) -> cute.Tensor:
@@ -286,14 +307,17 @@ class FlashAttentionForwardSm90:
             raise ValueError(f"dtype={dtype!r} must be one of {sorted(DTYPES)}")
         if head_dim not in HEAD_DIMS:
             raise ValueError(f"head_dim={head_dim!r} must be one of {HEAD_DIMS}")
-        if num_consumer_wg not in (1, 2):
-            raise ValueError(f"num_consumer_wg={num_consumer_wg!r} must be 1 or 2")
+        if num_consumer_wg not in CONSUMER_REGISTERS:
+            raise ValueError(f"num_consumer_wg={num_consumer_wg!r} must be 1, 2 or 3")
+        if num_consumer_wg == 3 and head_dim != 64:
+            # 160 registers per consumer thread hold S, P and O at D = 64 only.
+            raise ValueError(f"num_consumer_wg=3 needs head_dim=64 (got {head_dim!r})")
         if tile_n not in (64, 128):
             raise ValueError(f"tile_n={tile_n!r} must be 64 or 128")
         if kv_stages < 1:
             raise ValueError(f"kv_stages={kv_stages!r} must be >= 1")
-        if pingpong and not (overlap and num_consumer_wg == 2):
-            raise ValueError("pingpong needs overlap=True and num_consumer_wg=2")
+        if pingpong and not (overlap and num_consumer_wg >= 2):
+            raise ValueError("pingpong needs overlap=True and num_consumer_wg >= 2")
         if persistent and pingpong:
             # The first warpgroup's extra arrive before the loops, left pending at exit, would
             # pile up once per tile and let a warpgroup past its turn in the next tile.
@@ -317,9 +341,7 @@ class FlashAttentionForwardSm90:
         # persistent: two Q stages, so the next tile's Q load overlaps this tile's tail.
         self.q_stages = 2 if persistent else 1
         self.num_threads = WG_THREADS * (1 + num_consumer_wg)
-        # setmaxnreg: the producer gives registers to the consumers (65536 per SM, 1 CTA).
-        self.regs_load = 24
-        self.regs_consumer = 240 if num_consumer_wg == 2 else 256
+        self.regs_load, self.regs_consumer = CONSUMER_REGISTERS[num_consumer_wg]
 
     # ------------------------------------------------------------------ host side
 
@@ -705,7 +727,10 @@ class FlashAttentionForwardSm90:
         n_block_max: Int32,
     ) -> tuple[pipeline.PipelineProducer, pipeline.PipelineProducer, pipeline.PipelineProducer]:
         """Producer warp: Q once (even for an empty tile, the consumers wait for it), then K and
-        V of kv head ``kv_head``, blocks ``n_block_max - 1`` down to ``n_block_min``. Rows past
+        V of kv head ``kv_head``, blocks ``n_block_max - 1`` down to ``n_block_min``, in the
+        order the consumers wait for them: ``K_j, V_j`` per block, or with ``overlap`` (whose
+        step issues ``Q K_{j+1}^T`` before ``P_j V_j``) ``K_{j+1}`` before ``V_j``, so a K
+        stage is refilled without first waiting for the V release of the step before. Rows past
         the tensor's end are zero-filled by the TMA unit (the box is clipped to its extent).
         Returns the three producers (advanced), for the persistent loop to carry."""
         gQ = cute.local_tile(mQ[None, None, head, batch], (self.tile_m, self.head_dim), (None, 0))
@@ -727,17 +752,40 @@ class FlashAttentionForwardSm90:
         )
         handle = q_load.acquire_and_advance()
         cute.copy(tma_q, tQgQ[None, m_block], tQsQ[None, handle.index], tma_bar_ptr=handle.barrier)
-        for i in cutlass.range(n_block_max - n_block_min, unroll=1):
-            n_block = n_block_max - 1 - i
-            handle = k_load.acquire_and_advance()
-            cute.copy(
-                tma_k, tKgK[None, n_block], tKsK[None, handle.index], tma_bar_ptr=handle.barrier
-            )
-            handle = v_load.acquire_and_advance()
-            cute.copy(
-                tma_v, tVgV[None, n_block], tVsV[None, handle.index], tma_bar_ptr=handle.barrier
-            )
+
+        num_blocks = n_block_max - n_block_min
+        if cutlass.const_expr(self.overlap):  # K one block ahead of V
+            for i in cutlass.range(num_blocks + 1, unroll=1):
+                if i < num_blocks:
+                    k_load = self.load_block(tma_k, tKgK, tKsK, k_load, n_block_max - 1 - i)
+                if i > 0:
+                    v_load = self.load_block(tma_v, tVgV, tVsV, v_load, n_block_max - i)
+        else:
+            for i in cutlass.range(num_blocks, unroll=1):
+                k_load = self.load_block(tma_k, tKgK, tKsK, k_load, n_block_max - 1 - i)
+                v_load = self.load_block(tma_v, tVgV, tVsV, v_load, n_block_max - 1 - i)
         return q_load, k_load, v_load
+
+    @cute.jit
+    def load_block(
+        self,
+        tma: cute.CopyAtom,
+        blocks_in_gmem: cute.Tensor,
+        stages_in_smem: cute.Tensor,
+        producer: pipeline.PipelineProducer,
+        n_block: Int32,
+    ) -> pipeline.PipelineProducer:
+        """TMA load of block ``n_block`` into the next free stage of ``producer``'s ring;
+        returns ``producer`` (advanced), for the caller to rebind so that the DSL carries its
+        state through dynamic control flow."""
+        handle = producer.acquire_and_advance()
+        cute.copy(
+            tma,
+            blocks_in_gmem[None, n_block],
+            stages_in_smem[None, handle.index],
+            tma_bar_ptr=handle.barrier,
+        )
+        return producer
 
     @cute.jit
     def consume(
@@ -773,16 +821,27 @@ class FlashAttentionForwardSm90:
         n_block_min, n_block_max, n_unmasked_min, n_unmasked_max = blocks
         qk_thr = qk_mma.get_slice(tidx)
         pv_thr = pv_mma.get_slice(tidx)
-        tSrQ = qk_thr.make_fragment_A(qk_thr.partition_A(sQ))
-        tSrK = qk_thr.make_fragment_B(qk_thr.partition_B(sK))
-        tOrV = pv_thr.make_fragment_B(pv_thr.partition_B(sV))
+        # The shared-memory operands (WGMMA descriptors) depend only on the warpgroup: sliced
+        # by its first thread, a warp-uniform value, they live in uniform registers (sliced by
+        # tidx, every k-block's descriptor took vector arithmetic and R2UR moves in the loop).
+        wg_first = cute.arch.make_warp_uniform(tidx // WG_THREADS) * WG_THREADS
+        qk_wg, pv_wg = qk_mma.get_slice(wg_first), pv_mma.get_slice(wg_first)
+        tSrQ = qk_wg.make_fragment_A(qk_wg.partition_A(sQ))
+        tSrK = qk_wg.make_fragment_B(qk_wg.partition_B(sK))
+        tOrV = pv_wg.make_fragment_B(pv_wg.partition_B(sV))
         acc_S_shape = qk_thr.partition_shape_C((self.tile_m, self.tile_n))
         acc_O = pv_thr.make_fragment_C(pv_thr.partition_shape_C((self.tile_m, self.head_dim)))
         acc_O.fill(0.0)
         acc_O_mn = acc_rows_cols(acc_O)
-        # (row, col) of each score inside the tile, viewed like the scores.
-        cS = qk_thr.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
-        cS_mn = acc_rows_cols(cS)
+        # (row, col) of each score inside the tile, viewed like the scores, as thread 0's
+        # coordinate of the same fragment element (trace-time constants) plus this thread's
+        # offset (the accumulator layout shifts every element of a thread alike): the mask then
+        # compares against immediates, rather than keeping a coordinate per score live across
+        # the loop (24 registers that 192-row tiles at D = 64 do not have).
+        identity = cute.make_identity_tensor((self.tile_m, self.tile_n))
+        cS0 = acc_rows_cols(qk_mma.get_slice(0).partition_C(identity))
+        own = acc_rows_cols(qk_thr.partition_C(identity))[0, 0]
+        cS_mn = (cS0, (own[0] - cS0[0, 0][0], own[1] - cS0[0, 0][1]))
         num_rows = cute.size(acc_O_mn, mode=[0])
         softmax = OnlineSoftmax(num_rows, 4, scale_log2)
         alpha = cute.make_rmem_tensor(cute.make_layout(num_rows), Float32)
@@ -871,7 +930,7 @@ class FlashAttentionForwardSm90:
         v_use: pipeline.PipelineConsumer,
         acc_S: cute.Tensor,
         acc_O: cute.Tensor,
-        cS_mn: cute.Tensor,
+        cS_mn: tuple[cute.Tensor, tuple[Int32, Int32]],
         softmax: OnlineSoftmax,
         alpha: cute.Tensor,
         tidx: Int32,
@@ -906,7 +965,8 @@ class FlashAttentionForwardSm90:
         acc_O_mn = acc_rows_cols(acc_O)
         rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
         tOrP = acc_as_operand_a(rP)
-        wg = cute.arch.make_warp_uniform(tidx // WG_THREADS)  # consumer warpgroup, 0 or 1
+        wg = cute.arch.make_warp_uniform(tidx // WG_THREADS)  # consumer warpgroup, 0, 1 (, 2)
+        next_wg = (wg + 1) % self.num_consumer_wg  # whose turn follows this one's
         if cutlass.const_expr(self.pingpong):
             if wg == 0:  # the first warpgroup has the first turn
                 cute.arch.barrier_arrive(
@@ -951,7 +1011,7 @@ class FlashAttentionForwardSm90:
                 pv_mma = self.pv_gemm(pv_mma, acc_O, tOrP, tOrV, v_handle.index)
                 if cutlass.const_expr(self.pingpong):  # the other warpgroup's turn
                     cute.arch.barrier_arrive(
-                        barrier_id=SCHEDULER_BARRIER + 1 - wg, number_of_threads=2 * WG_THREADS
+                        barrier_id=SCHEDULER_BARRIER + next_wg, number_of_threads=2 * WG_THREADS
                     )
                 warpgroup.wait_group(1)
                 k_handle.release()
@@ -1013,7 +1073,7 @@ class FlashAttentionForwardSm90:
     def mask_and_softmax(
         self,
         acc_S: cute.Tensor,
-        cS_mn: cute.Tensor,
+        cS_mn: tuple[cute.Tensor, tuple[Int32, Int32]],
         softmax: OnlineSoftmax,
         alpha: cute.Tensor,
         n_block: Int32,
@@ -1025,19 +1085,21 @@ class FlashAttentionForwardSm90:
         masked: cutlass.Constexpr[bool | None] = None,
     ) -> None:
         """The mask on block ``n_block`` when it needs one, then the online softmax: ``S``
-        becomes ``P`` (fp32) in place and ``alpha`` the rows' O rescale factors. ``masked``
-        None decides at run time (:func:`block_needs_mask`, a branch); True or False is the
-        caller's compile-time choice (:func:`split_by_mask`)."""
+        becomes ``P`` (fp32) in place and ``alpha`` the rows' O rescale factors. ``cS_mn`` is
+        ``(thread 0's score coordinates, this thread's (row, col) offset from them)``.
+        ``masked`` None decides at run time (:func:`block_needs_mask`, a branch); True or False
+        is the caller's compile-time choice (:func:`split_by_mask`)."""
         acc_S_mn = acc_rows_cols(acc_S)
         needs_mask = masked
         if cutlass.const_expr(masked is None):
             needs_mask = block_needs_mask(n_block, blocks[2], blocks[3], window[0] is not None)
         if needs_mask:
+            coords, (row_shift, col_shift) = cS_mn
             apply_mask(
                 acc_S_mn,
-                cS_mn,
-                m_block * self.tile_m,
-                n_block * self.tile_n,
+                coords,
+                m_block * self.tile_m + row_shift,
+                n_block * self.tile_n + col_shift,
                 seqlen_q,
                 seqlen_k,
                 self.causal,
