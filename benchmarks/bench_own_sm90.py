@@ -1,26 +1,29 @@
 """TFLOP/s of the own SM90 forward kernel's variants against flash_attn.cute and cuDNN.
 
 Run (on an H100/H200 with flash-attn-cute, from the repository root):
-``python benchmarks/bench_own_sm90.py`` (``--variants baseline,overlap,pingpong``: names from
-:data:`VARIANTS`, :data:`DEFAULT_VARIANTS` when omitted; ``--rows 0,3``, ``--warmup MS --rep MS``
-for ``triton.testing.do_bench``). For each row of :data:`ROWS` (bf16, Hq = Hkv, Sq = Sk) it times,
-by ``do_bench``'s median, each own variant (kernel/adapters/own_sm90.py ``launch`` with that
-variant's knobs, exactly; ``baseline`` is the kernel without knobs, ``overlap+lf+smem`` the
-registered adapters' default, ``DEFAULT_KNOBS``), flash_attn.cute's SM90 forward and cuDNN
-through torch SDPA, and prints the machine, then a markdown table: TFLOP/s (``4 B H S^2 D``,
-halved when causal) per kernel, the best own variant over flash_attn.cute, and per own variant
+``python benchmarks/bench_own_sm90.py`` (``--variants overlap+lf+smem,default``: names from
+:data:`VARIANTS`, :data:`DEFAULT_VARIANTS` when omitted; ``--rows 0,3``; ``--rounds N``;
+``--clock graph|stream``; ``--warmup MS --rep MS``). For each row of :data:`ROWS` (bf16,
+Hq = Hkv, Sq = Sk) it times each own variant (kernel/adapters/own_sm90.py ``launch`` with that
+variant's knobs, exactly; ``default`` is the registered adapters' ``DEFAULT_KNOBS``),
+flash_attn.cute's SM90 forward and cuDNN through torch SDPA, ``--rounds`` times in turn, and
+prints the machine, then a markdown table: the median TFLOP/s (``4 B H S^2 D``, halved when
+causal) per kernel, the best own variant over flash_attn.cute, and per own variant
 ``max|own - FA|`` over the outputs and the NaN count of its output (a fast wrong kernel is no
-result). A kernel that fails prints NaN in its
-cells and its traceback to stderr; the others go on. Each measurement and each finished row are
-printed as they come (the peers first, the persistent variant last), so a kernel that hangs
-under ``timeout`` loses only the rest. Compiles happen on first use (cached per dtype, D and
-causal), outside the timing. torch, triton and flash_attn are imported only inside functions, so
-``--help`` works on a machine without them.
+result). The default clock times CUDA-graph replays, the kernels' device time, for every kernel
+alike; ``--clock stream`` times calls launched from Python, host launch work included
+(benchmarks/timing.py says why that misleads at short kernels). A kernel that fails prints NaN
+in its cells and its traceback to stderr; the others go on. Each measurement and each finished
+row are printed as they come, so a kernel that hangs under ``timeout`` loses only the rest.
+Compiles happen on first use (cached per dtype, D and causal), outside the timing. torch,
+triton and flash_attn are imported only inside functions, so ``--help`` works on a machine
+without them.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 import traceback
@@ -30,6 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from attention_crossval.kernel.adapters.own_sm90 import DEFAULT_KNOBS  # noqa: E402
 from benchmarks.machine import cpu_model  # noqa: E402
 from benchmarks.timing import tflops  # noqa: E402
 
@@ -44,9 +48,10 @@ ROWS: tuple[tuple[int, int, int, int, bool], ...] = (
     (16, 16, 1024, 128, False),
     (16, 16, 1024, 128, True),
 )
-# Own variant -> the knobs of kernel/adapters/own_sm90.py launch(). ``overlap+lf+smem`` is the
-# registered adapters' default (own_sm90.DEFAULT_KNOBS, chosen from this benchmark on the H200,
-# 2026-12-01); ``baseline`` is the kernel without knobs, their default before.
+# Own variant -> the knobs of kernel/adapters/own_sm90.py launch(). ``default`` is what the
+# registered adapters run (own_sm90.DEFAULT_KNOBS: overlap, pingpong, longest_first,
+# smem_epilogue, m192, chosen from this benchmark on the H200, 2026-12-02); ``overlap+lf+smem``
+# was their default on 2026-12-01; ``baseline`` is the kernel without knobs, their default before.
 VARIANTS: dict[str, dict[str, bool]] = {
     "baseline": {},
     "overlap": {"overlap": True},
@@ -55,34 +60,42 @@ VARIANTS: dict[str, dict[str, bool]] = {
     "overlap+smem": {"overlap": True, "smem_epilogue": True},
     "overlap+lf+smem": {"overlap": True, "longest_first": True, "smem_epilogue": True},
     "all": {"overlap": True, "pingpong": True, "longest_first": True, "smem_epilogue": True},
+    # 192-row query tiles (three consumer warpgroups) at D = 64; the same kernel at D = 128.
+    "overlap+lf+smem+m192": {
+        "overlap": True,
+        "longest_first": True,
+        "smem_epilogue": True,
+        "m192": True,
+    },
+    "default": dict.fromkeys(DEFAULT_KNOBS, True),
     # persistent (run only here): one CTA per SM over the tiles, causal tiles longest-first with or
     # without longest_first, so overlap+lf+persist is the same kernel as overlap+persist (the
     # CPU tests check the PTX is equal); kept as a name for the comparison the knob list allows.
     "overlap+persist": {"overlap": True, "persistent": True},
     "overlap+lf+persist": {"overlap": True, "longest_first": True, "persistent": True},
 }
-# The variants run without --variants: each compiles once per (D, causal) of the rows (4
-# compiles of a few seconds each). ``baseline`` is the kernel without knobs, ``overlap`` the
-# anchor of the knobs on top of it, ``overlap+lf+smem`` what ``own-sm90`` runs; without causal
-# ``longest_first`` changes nothing, so there ``overlap+lf+smem`` against ``overlap`` is the
-# epilogue alone. ``overlap+persist`` is last (the knob first ran here, 2026-12-01): a kernel
-# that hangs stops the run, and every row and measurement before it is printed already.
-# ``overlap+lf+persist`` is left out, being the same kernel.
-DEFAULT_VARIANTS = (
-    "baseline",
-    "overlap",
-    "overlap+lf",
-    "overlap+lf+smem",
-    "all",
-    "overlap+persist",
-)
+# The variants run without --variants, each compiled once per (D, causal) of the rows: the
+# 2026-12-01 default, then pingpong and 192-row tiles each added to it, then both (the default),
+# so the table shows what each step adds.
+DEFAULT_VARIANTS = ("overlap+lf+smem", "all", "overlap+lf+smem+m192", "default")
 NAN = float("nan")
 
 
 def row(
-    B: int, H: int, S: int, D: int, causal: bool, variants: list[str], warmup: int, rep: int
+    B: int,
+    H: int,
+    S: int,
+    D: int,
+    causal: bool,
+    variants: list[str],
+    warmup: int,
+    rep: int,
+    rounds: int,
+    graph: bool,
 ) -> dict[str, Any]:
-    """One table row: speeds per kernel, and per own variant its distance to FA and NaNs."""
+    """One table row: speeds per kernel (the median of ``rounds`` rounds, each timing every
+    kernel once in turn, so that a drift of the GPU's clock hits them alike), and per own
+    variant its distance to FA and NaNs."""
     import torch
 
     from attention_crossval.kernel.adapters.own_sm90 import launch
@@ -126,10 +139,12 @@ def row(
     calls = {"fa": fa, "cudnn": cudnn, **calls}
     fa.__name__ = f"flash_attn.cute {B}x{H}x{S} D={D} causal={causal}"
     cudnn.__name__ = f"cuDNN SDPA {B}x{H}x{S} D={D} causal={causal}"
-    result: dict[str, Any] = {}
-    for name, call in calls.items():
-        result[name] = tflops(flops, call, warmup=warmup, rep=rep)
-        print(f"  {call.__name__}: {result[name]:.0f} TFLOP/s", flush=True)
+    speeds: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            speeds[name].append(tflops(flops, call, warmup=warmup, rep=rep, graph=graph))
+            print(f"  {call.__name__}: {speeds[name][-1]:.0f} TFLOP/s", flush=True)
+    result: dict[str, Any] = {name: statistics.median(s) for name, s in speeds.items()}
     for name in variants:
         out = outs[name].float()
         result[f"nan {name}"] = int(out.isnan().sum().item())
@@ -169,6 +184,16 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--warmup", type=int, default=25, help="do_bench warmup, ms")
     parser.add_argument("--rep", type=int, default=100, help="do_bench repetition, ms")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="timing rounds per row; the table has the median"
+    )
+    parser.add_argument(
+        "--clock",
+        choices=("graph", "stream"),
+        default="graph",
+        help="graph: CUDA-graph replays, the kernels' device time (default); stream: calls "
+        "launched from Python, host launch overhead included (benchmarks/timing.py)",
+    )
     args = parser.parse_args(argv)
     variants = [v for v in args.variants.split(",") if v]
     unknown = sorted(set(variants) - set(VARIANTS))
@@ -180,14 +205,18 @@ def main(argv: list[str] | None = None) -> None:
 
     start = time.perf_counter()
     print(
-        f"GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; CPU: {cpu_model()}",
+        f"GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; CPU: {cpu_model()}; "
+        f"clock: {args.clock}, median of {args.rounds} rounds",
         flush=True,
     )
     lines = [table_head(variants)]
     for shape in rows:
         print(f"row {shape}:", flush=True)
         try:
-            lines.append(table_line(shape, row(*shape, variants, args.warmup, args.rep), variants))
+            result = row(
+                *shape, variants, args.warmup, args.rep, args.rounds, args.clock == "graph"
+            )
+            lines.append(table_line(shape, result, variants))
             print(lines[-1], flush=True)  # kept if a later kernel hangs
         except Exception:  # noqa: BLE001 - e.g. out of memory: the next row
             print(f"--- row {shape} failed:", file=sys.stderr)
