@@ -357,10 +357,20 @@ def _spike_positions(case_or_shape, mask: Mask) -> np.ndarray:
     return np.array([max(n - 1, 0) for n in lengths])
 
 
+# How many standard deviations of the noise's logits (``q . k`` over the noisy coordinates,
+# times the scale) the spike adds on top of its margin, so that noise never outbids it.
+SPIKE_NOISE_SIGMAS = 12.0
+
+
 def _last_block_spike(ctx: BuildContext) -> Arrays:
     s, rng = ctx.shape, ctx.rng
     logits = normal(rng, (s.B, s.Sk)) * 2.0
-    logits[np.arange(s.B), _spike_positions(s, ctx.mask)] = rng.uniform(15.0, 60.0)
+    # The noise adds softmax_scale * noise * sqrt(D - 1) standard deviations to every logit;
+    # without this term a spike of 15 lost to a noisy key (scale 1, noise 1, D = 16: the CI seed
+    # of 2026-12-02). Noise-free recipes (the report's grids) keep their values.
+    noise_sigma = ctx.softmax_scale * ctx.noise * math.sqrt(max(s.D - 1, 0))
+    spike = rng.uniform(15.0, 60.0) + SPIKE_NOISE_SIGMAS * noise_sigma
+    logits[np.arange(s.B), _spike_positions(s, ctx.mask)] = spike
     return _pattern(ctx, _per_key(ctx, logits))
 
 
