@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from attention_crossval.kernel.adapters.own_sm90 import DEFAULT_KNOBS  # noqa: E402
 from benchmarks.machine import cpu_model  # noqa: E402
+from benchmarks.peers import flash_attn_cute_forward  # noqa: E402
 from benchmarks.timing import tflops  # noqa: E402
 
 # (B, H, S, D, causal)
@@ -119,12 +120,7 @@ def row(
         calls[name] = own
 
     def fa() -> None:
-        from flash_attn.cute.interface import _flash_attn_fwd
-
-        _flash_attn_fwd(
-            q, k, v, softmax_scale=scale, causal=causal, return_lse=True, out=outs["fa"],
-            lse=lses["fa"],
-        )  # fmt: skip
+        flash_attn_cute_forward(q, k, v, outs["fa"], lses["fa"], scale, causal)
 
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, S, D] views
 

@@ -58,8 +58,9 @@ same blocks (the block range is the CTA's), so their turns chain up; the varlen 
 which syncs all consumer warpgroups, runs before a warpgroup waits for its turn, never inside it.
 
 ``num_consumer_wg=3`` (the adapters' ``m192`` knob, a default at D = 64: +14-17 % there over
-128-row tiles, +8-12 % with ``pingpong`` on both) makes the query tile 192 rows, FlashAttention's SM90 tile at D = 64; the consumers get 160 registers
-each and the producer 32 (:data:`CONSUMER_REGISTERS`), which hold S, P and O at D = 64 only.
+128-row tiles, +8-12 % with ``pingpong`` on both) makes the query tile 192 rows,
+FlashAttention's SM90 tile at D = 64; the consumers get 160 registers each and the producer 32
+(:data:`CONSUMER_REGISTERS`), which hold S, P and O at D = 64 only.
 
 The knob ``longest_first=True`` (a default knob; 0.4-4 % over ``overlap`` alone on the causal rows
 of the benchmark) reverses the CTA -> query tile map for causal or windowed kernels

@@ -12,12 +12,11 @@ import traceback
 import torch
 
 from attention_crossval.kernel.adapters.own_sm90 import knobs_from_env, launch, launch_full
+from benchmarks.peers import flash_attn_cute_forward
 from benchmarks.timing import tflops
 
 
 def shape(B: int, Hq: int, Hkv: int, S: int, D: int, causal: bool) -> str:
-    from flash_attn.cute.interface import _flash_attn_fwd
-
     q = torch.randn(B, S, Hq, D, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(B, S, Hkv, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     outs = {name: torch.zeros_like(q) for name in ("own", "full", "fa")}
@@ -29,11 +28,8 @@ def shape(B: int, Hq: int, Hkv: int, S: int, D: int, causal: bool) -> str:
         "full": lambda: launch_full(
             q, k, v, outs["full"], lses["full"], scale, causal, lengths, lengths, None, **knobs
         ),
-        "fa": lambda: _flash_attn_fwd(
-            q, k, v, softmax_scale=scale, causal=causal, return_lse=True, out=outs["fa"],
-            lse=lses["fa"],
-        ),
-    }  # fmt: skip
+        "fa": lambda: flash_attn_cute_forward(q, k, v, outs["fa"], lses["fa"], scale, causal),
+    }
     if Hq == Hkv:
         calls["own"] = lambda: launch(
             q, k, v, outs["own"], lses["own"], scale, causal=causal, **knobs

@@ -35,9 +35,9 @@ def main(argv: list[str] | None = None) -> None:
     B, H, S, D = (int(x) for x in args.shape.split(","))
 
     import torch
-    from flash_attn.cute.interface import _flash_attn_fwd
 
     from attention_crossval.kernel.adapters.own_sm90 import DEFAULT_KNOBS, launch
+    from benchmarks.peers import flash_attn_cute_forward
 
     knobs = DEFAULT_KNOBS if args.knobs is None else tuple(k for k in args.knobs.split(",") if k)
     gen = torch.Generator(device="cuda").manual_seed(S + D)
@@ -49,10 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     out_own, out_fa = torch.full_like(q, float("nan")), torch.full_like(q, float("nan"))
     lse_own, lse_fa = (torch.zeros(B, H, S, device="cuda") for _ in range(2))
     launch(q, k, v, out_own, lse_own, scale, causal=bool(args.causal), **dict.fromkeys(knobs, True))
-    _flash_attn_fwd(
-        q, k, v, softmax_scale=scale, causal=bool(args.causal), return_lse=True, out=out_fa,
-        lse=lse_fa,
-    )  # fmt: skip
+    flash_attn_cute_forward(q, k, v, out_fa, lse_fa, scale, bool(args.causal))
     torch.cuda.synchronize()
     diff = (out_own.float() - out_fa.float()).abs().max().item()
     shape = f"{B}x{H}x{S}x{D} causal={args.causal}"
