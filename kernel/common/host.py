@@ -26,20 +26,13 @@ def attention_views(
     return mQ, mK, mV, mO, mLSE
 
 
-def compile_on_fake_tensors(
-    kernel: object,
-    dtype: type,
-    arch: str,
-    options: str = "",
-    *,
-    varlen: bool = False,
-    window: bool = False,
-    max_ctas: int | None = None,
-) -> object:
-    """``cute.compile`` of ``kernel`` for ``arch`` (e.g. ``sm_90a``) on fake tensors typed like
-    the adapters' runtime tensors: every extent and stride dynamic but D's unit stride, as
-    ``from_dlpack(t).mark_layout_dynamic(leading_dim=3)`` gives. Never touches a GPU, and
-    ``--gpu-arch`` is passed, so it does not depend on ``CUTE_DSL_ARCH``.
+def fake_arguments(
+    dtype: type, *, varlen: bool = False, window: bool = False, max_ctas: int | None = None
+) -> tuple:
+    """The arguments an own kernel compiles on without a GPU, typed like the adapters' runtime
+    ones: q, k, v, o of ``dtype`` with every extent and stride dynamic but D's unit stride (as
+    ``from_dlpack(t).mark_layout_dynamic(leading_dim=3)`` gives), lse ``[B, H, Sq]`` float32,
+    ``scale_log2`` and a fake stream.
 
     ``varlen`` / ``window`` add the trailing arguments such a kernel takes: the per-batch int32
     lengths ``seqused_q`` / ``seqused_k`` and the ``Int32`` window bounds (None when off).
@@ -69,4 +62,21 @@ def compile_on_fake_tensors(
         args += (*lengths, *bounds)
     if max_ctas is not None:
         args += (Int32(max_ctas),)
+    return args
+
+
+def compile_on_fake_tensors(
+    kernel: object,
+    dtype: type,
+    arch: str,
+    options: str = "",
+    *,
+    varlen: bool = False,
+    window: bool = False,
+    max_ctas: int | None = None,
+) -> object:
+    """``cute.compile`` of ``kernel`` for ``arch`` (e.g. ``sm_90a``) on :func:`fake_arguments`
+    (``varlen``, ``window`` and ``max_ctas`` as there). Never touches a GPU, and
+    ``--gpu-arch`` is passed, so it does not depend on ``CUTE_DSL_ARCH``."""
+    args = fake_arguments(dtype, varlen=varlen, window=window, max_ctas=max_ctas)
     return cute.compile(kernel, *args, options=f"--gpu-arch={arch} {options}".strip())
