@@ -115,12 +115,31 @@ def _block_ids(case: AttentionCase, block_n: int) -> np.ndarray:
     return np.arange(case.Sk) // block_n
 
 
-def _pattern(ctx: BuildContext, k0: np.ndarray, *, noisy_scores: bool = True) -> Arrays:
+# A pattern that states the logit margin its claim relies on keeps the noise's logits (their
+# standard deviation: softmax_scale * noise * sqrt(D - 1)) this many times below it.
+NOISE_SIGMAS_PER_MARGIN = 12.0
+
+
+def _pattern(
+    ctx: BuildContext,
+    k0: np.ndarray,
+    *,
+    noisy_scores: bool = True,
+    margin: float | None = None,
+) -> Arrays:
     """q, k, v with ``q0 = 1``, ``k[..., 0] = k0`` (``[B, Sk, Hkv]``); other coordinates of q
-    random, of k ``noise``-scaled random (0 when ``noisy_scores`` is False); v standard normal."""
+    random, of k ``noise``-scaled random (0 when ``noisy_scores`` is False); v standard normal.
+    ``margin`` is the smallest gap of logits the builder's claim relies on: the noise is scaled
+    down, where it must be, to a standard deviation :data:`NOISE_SIGMAS_PER_MARGIN` times below
+    it, so that it never reorders the keys the claim ranks (found when a spike of 16 lost to a
+    noisy key at scale 1, noise 1, D = 16, and a masked key 2.5 above a visible one to the
+    noise, under two CI seeds of 2026-12-02). Noise-free recipes draw the same values."""
     s, rng = ctx.shape, ctx.rng
     q = normal(rng, (s.B, s.Sq, s.Hq, s.D))
     scale, shape = (ctx.noise if noisy_scores else 0.0), (s.B, s.Sk, s.Hkv, s.D)
+    if scale and margin is not None:
+        sigma = ctx.softmax_scale * scale * math.sqrt(max(s.D - 1, 1))
+        scale *= min(1.0, margin / (NOISE_SIGMAS_PER_MARGIN * sigma))
     if scale or math.prod(shape) <= DIRECT_ELEMENTS:
         k = normal(rng, shape) * scale
     else:  # a huge K without noise: no draw to multiply by zero (no recipe before drew one)
@@ -357,21 +376,13 @@ def _spike_positions(case_or_shape, mask: Mask) -> np.ndarray:
     return np.array([max(n - 1, 0) for n in lengths])
 
 
-# How many standard deviations of the noise's logits (``q . k`` over the noisy coordinates,
-# times the scale) the spike adds on top of its margin, so that noise never outbids it.
-SPIKE_NOISE_SIGMAS = 12.0
-
-
 def _last_block_spike(ctx: BuildContext) -> Arrays:
     s, rng = ctx.shape, ctx.rng
     logits = normal(rng, (s.B, s.Sk)) * 2.0
-    # The noise adds softmax_scale * noise * sqrt(D - 1) standard deviations to every logit;
-    # without this term a spike of 15 lost to a noisy key (scale 1, noise 1, D = 16: the CI seed
-    # of 2026-12-02). Noise-free recipes (the report's grids) keep their values.
-    noise_sigma = ctx.softmax_scale * ctx.noise * math.sqrt(max(s.D - 1, 0))
-    spike = rng.uniform(15.0, 60.0) + SPIKE_NOISE_SIGMAS * noise_sigma
+    spike = rng.uniform(15.0, 60.0)
+    margin = spike - logits.max()  # over the spike's rivals in every batch
     logits[np.arange(s.B), _spike_positions(s, ctx.mask)] = spike
-    return _pattern(ctx, _per_key(ctx, logits))
+    return _pattern(ctx, _per_key(ctx, logits), margin=max(margin, 1.0))  # 1: a floor only
 
 
 def _spike_rows(case: AttentionCase) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -518,12 +529,13 @@ def _mask_bait(ctx: BuildContext) -> Arrays:
     zeros = [np.zeros((s.B, n, h, 1), np.float32) for n, h in ((s.Sq, s.Hq), (s.Sk, s.Hkv))]
     seen = visible_all(AttentionCase(zeros[0], zeros[1], zeros[1], mask=mask))  # [B,Hq,Sq,Sk]
     ramp = rng.uniform(20.0, 60.0) * np.arange(s.Sk) / max(s.Sk - 1, 1)
+    step = ramp[1] if s.Sk > 1 else 1.0  # between neighbouring keys: the smallest gap ranked
     toward_right = mask.causal or mask.window_right is not None or mask.window_left is None
     candidates = (ramp, ramp[::-1]) if toward_right else (ramp[::-1], ramp)
     chosen = next((r for r in candidates if _outranks(r, seen)), candidates[0])
     logits = np.broadcast_to(chosen, (s.B, s.Sk)).copy()
     logits[~seen.any(axis=(1, 2))] += rng.uniform(40.0, 80.0)
-    return _pattern(ctx, _per_key(ctx, logits))
+    return _pattern(ctx, _per_key(ctx, logits), margin=step)
 
 
 def _outranks(per_key: np.ndarray, seen: np.ndarray) -> bool:
