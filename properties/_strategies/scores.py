@@ -133,7 +133,8 @@ def _pattern(
     down, where it must be, to a standard deviation :data:`NOISE_SIGMAS_PER_MARGIN` times below
     it, so that it never reorders the keys the claim ranks (found when a spike of 16 lost to a
     noisy key at scale 1, noise 1, D = 16, and a masked key 2.5 above a visible one to the
-    noise, under two CI seeds of 2026-12-02). Noise-free recipes draw the same values."""
+    noise, under two CI seeds of 2026-12-02; logits 20 below the sentinel crossed it at D = 128).
+    Noise-free recipes draw the same values."""
     s, rng = ctx.shape, ctx.rng
     q = normal(rng, (s.B, s.Sq, s.Hq, s.D))
     scale, shape = (ctx.noise if noisy_scores else 0.0), (s.B, s.Sk, s.Hkv, s.D)
@@ -324,7 +325,8 @@ def _below_sentinel(ctx: BuildContext) -> Arrays:
     sentinel = rng.choice(_sentinels_for(s.D))
     logits = sentinel * 1.02 - rng.uniform(0.0, 20.0, size=(s.B, s.Sk))
     c = _power_of_two(max(1.0, 2.0 * abs(logits).max() / (ctx.softmax_scale * 4e4)))
-    q, k, v = _pattern(ctx, -_per_key(ctx, logits) / c)
+    margin = _SENTINELS[0] - logits.max()  # below the claim's threshold (at least 20)
+    q, k, v = _pattern(ctx, -_per_key(ctx, logits) / c, margin=margin)
     q[..., 0] = -c
     return q, k, v
 
