@@ -13,8 +13,9 @@ import time
 import numpy as np
 import pytest
 
-from attention_crossval.reference.case import AttentionCase, Mask
+from attention_crossval.reference.case import AttentionCase, Mask, nonfinite_rows
 from attention_crossval.reference.exact import exact_attention, naive_exact_attention
+from attention_crossval.reference.gradients import BackwardCase
 
 pytestmark = pytest.mark.cpu
 
@@ -73,3 +74,62 @@ def test_the_analytic_sink_gives_the_doubles_of_the_full_evaluation(margin: floa
 def test_a_sink_outside_the_float32_range_is_refused(sink: float) -> None:
     with pytest.raises(ValueError, match="sink=.* must hold finite float32 values"):
         _case(sink)
+
+
+# ---- non-native byte order -----------------------------------------------------------------
+
+
+def _inputs(dtype: str) -> tuple[np.ndarray, ...]:
+    rng = np.random.default_rng(2)
+    return tuple(rng.standard_normal((1, s, 2, 8)).astype(dtype) for s in (3, 5, 5))
+
+
+@pytest.mark.parametrize("dtype", [">f2", ">f4", "<f2", "<f4"])
+def test_inputs_in_any_byte_order_are_read_by_value(dtype: str) -> None:
+    """Escape: ``nonfinite_rows`` read big-endian inputs as native (IndexError on finite ones).
+    The case converts them to native order, so every tier sees the caller's values."""
+    inputs = _inputs(dtype)
+    native = AttentionCase(*(x.astype(x.dtype.newbyteorder("=")) for x in inputs))
+    case = AttentionCase(*inputs)
+    for name in "qkv":
+        assert getattr(case, name).dtype.isnative
+        np.testing.assert_array_equal(getattr(case, name), getattr(native, name))
+    np.testing.assert_array_equal(exact_attention(case).lse, exact_attention(native).lse)
+
+
+@pytest.mark.parametrize("dtype", [">f2", ">f4"])
+@pytest.mark.parametrize("name", ["q", "k", "v"])
+@pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan])
+def test_non_finite_big_endian_inputs_are_refused(dtype: str, name: str, bad: float) -> None:
+    """Escape: inf/NaN in a valid big-endian row passed the check, and the exact tier then
+    certified garbage (O = 1 +- 4.9e-32, LSE = -4.6e18)."""
+    inputs = dict(zip("qkv", _inputs(dtype), strict=True))
+    inputs[name][0, 2, 1, 3] = bad
+    with pytest.raises(ValueError, match=rf"{name} must be finite outside padding"):
+        AttentionCase(**inputs)
+
+
+@pytest.mark.parametrize("dtype", [">f2", ">f4"])
+def test_nonfinite_rows_reads_the_bits_in_the_arrays_byte_order(dtype: str) -> None:
+    array = _inputs(dtype)[1]
+    array[0, 4, 1, 7] = np.inf
+    expected = np.zeros((1, 5, 2), bool)
+    expected[0, 4, 1] = True
+    np.testing.assert_array_equal(nonfinite_rows(array), expected)
+
+
+def test_float64_in_big_endian_is_refused_by_dtype() -> None:
+    q, k, v = _inputs(">f8")
+    with pytest.raises(ValueError, match=r"q.dtype=float64 must be one of"):
+        AttentionCase(q, k, v)
+
+
+def test_a_big_endian_upstream_gradient_is_read_by_value() -> None:
+    case = AttentionCase(*_inputs("<f2"))
+    do = np.random.default_rng(3).standard_normal((1, 3, 2, 8)).astype(">f2")
+    backward = BackwardCase(case, do, dlse=np.zeros((1, 2, 3), ">f8"))
+    assert backward.do.dtype == np.float16 and backward.do.dtype.isnative
+    np.testing.assert_array_equal(backward.do, do)
+    do[0, 1, 0, 0] = np.nan
+    with pytest.raises(ValueError, match="do must be finite outside padding"):
+        BackwardCase(case, do)

@@ -105,12 +105,27 @@ _EXPONENT = {"float16": 0x7C00, "bfloat16": 0x7F80, "float32": 0x7F800000}
 _FINITE_CHUNK = 1 << 24  # elements tested at once
 
 
+def native_byte_order(array: np.ndarray) -> np.ndarray:
+    """``array`` in the machine's byte order: the same values, read-only.
+
+    A big-endian (``>f2``, ``>f4``) input is converted rather than refused: the values are
+    what the caller meant, and every tier, the bit-level checks and a kernel's buffers assume
+    native order (read as native, finite inputs raised IndexError and inf/NaN passed the
+    finiteness check). An array already native is returned as it is."""
+    if array.dtype.isnative:
+        return array
+    native = array.astype(array.dtype.newbyteorder("="))
+    native.setflags(write=False)
+    return native
+
+
 def nonfinite_rows(array: np.ndarray) -> np.ndarray:
     """Bool ``[B, S, H]``: rows of a ``[B, S, H, X]`` input holding an inf or NaN, read from
     the exponent bits in chunks of the sequence axis (no float copy of the input)."""
     B, S, H, X = array.shape
     exponent = _EXPONENT[array.dtype.name]
-    bits = array.view(f"u{array.dtype.itemsize}")
+    unsigned = np.dtype(f"u{array.dtype.itemsize}").newbyteorder(array.dtype.byteorder)
+    bits = array.view(unsigned)  # the same byte order as the input's
     bad = np.zeros((B, S, H), dtype=bool)
     step = max(1, _FINITE_CHUNK // max(1, B * H * X))
     for start in range(0, S, step):
@@ -282,6 +297,7 @@ class AttentionCase:
                 raise ValueError(
                     f"{name}.dtype={array.dtype.name} must be one of {sorted(INPUT_DTYPES)}"
                 )
+            object.__setattr__(self, name, native_byte_order(array))
         (b, sq, hq, _), v_shape = self.q.shape, self.v.shape
         check_element_budget(
             "", {"q": self.q.shape, "k": self.k.shape, "v": v_shape, "o": (b, sq, hq, v_shape[3])}
