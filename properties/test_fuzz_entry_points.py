@@ -227,8 +227,27 @@ FIELD_JUNK = st.sampled_from(
         np.array("tile_n=x"),
         np.full((1, 3, 2, 8), np.nan, np.float16),
         np.array(10**18),
+        # scalars out of every range: inf in window/lengths/page_size/num_splits raised
+        # OverflowError (int(inf)) before the fields were checked
+        np.array(np.inf),
+        np.array(-np.inf),
+        np.array(np.nan),
+        np.array([np.inf, -1.0]),
+        np.array([np.nan]),
+        np.array(-5),
+        np.array(2.5),
+        np.array([2.5]),
+        np.array([-3]),
+        np.array(2**62),
+        np.array([2**62, 0]),
+        np.array(3e38, np.float32),
+        np.full((1, 3, 2, 8), 1.0, ">f2"),
     ]
 )
+# Every field a saved case may hold.
+CASE_FIELDS = ["q", "k", "v", "dtype", "softmax_scale", "causal", "alignment", "window"]
+CASE_FIELDS += ["q_lengths", "k_lengths", "label", "explicit", "softcap", "sink", "page_size"]
+CASE_FIELDS += ["num_splits", "layout", "page_fill"]
 
 
 @given(
@@ -239,8 +258,7 @@ FIELD_JUNK = st.sampled_from(
 )
 def test_replay_exits_0_or_2_with_one_line(saved_case: bytes, data, how, rows, block) -> None:
     content = saved_case
-    keys = ["q", "k", "v", "dtype", "softmax_scale", "causal", "alignment", "window"]
-    keys += ["q_lengths", "k_lengths", "label"]
+    keys = CASE_FIELDS
     if how == "truncate":
         content = content[: data.draw(st.integers(0, len(content) - 1))]
     elif how == "flip":
@@ -307,7 +325,7 @@ REPLAY_INPUTS = [
     ("empty-file", lambda data: b"", [], "is not a case written by AttentionCase.save"),
     ("truncated", lambda data: data[: len(data) // 2], [], "is not a case"),
     ("corrupt-member", _corrupt_member, [], "is not a case"),
-    ("foreign-npz", lambda data: _rewrite(data, "dtype", None), [], "KeyError"),
+    ("foreign-npz", lambda data: _rewrite(data, "dtype", None), [], "field dtype is missing"),
     (
         "nan-in-q",
         lambda data: _rewrite(data, "q", np.full((1, 3, 2, 8), np.nan, np.float16)),
@@ -315,6 +333,50 @@ REPLAY_INPUTS = [
         "q must be finite",
     ),
     ("tile-label", lambda data: _rewrite(data, "label", np.array("tile_n=0")), [], "tile_n"),
+    *(
+        (f"{key}-{text}", lambda data, key=key, value=value: _rewrite(data, key, value), [], rule)
+        for key, rule in (
+            ("window", "field window"),
+            ("q_lengths", "field q_lengths"),
+            ("k_lengths", "field k_lengths"),
+        )
+        for text, value in (
+            ("inf", np.array([np.inf, -1.0])),
+            ("nan", np.array([np.nan, np.nan])),
+            ("negative", np.array([-7, -7])),
+            ("fraction", np.array([1.5, 2.0])),
+        )
+    ),
+    *(
+        (f"{key}-{text}", lambda data, key=key, value=value: _rewrite(data, key, value), [], rule)
+        for key, rule in (("page_size", "page_size"), ("num_splits", "num_splits"))
+        for text, value in (
+            ("inf", np.array(np.inf)),
+            ("nan", np.array(np.nan)),
+            ("negative", np.array(-2)),
+            ("fraction", np.array(1.5)),
+            ("huge", np.array(2**62)),
+            ("vector", np.array([2, 2])),
+        )
+    ),
+    (
+        "softmax-scale-inf",
+        lambda data: _rewrite(data, "softmax_scale", np.array(np.inf)),
+        [],
+        "softmax_scale=inf must be > 0",
+    ),
+    (
+        "causal-text",
+        lambda data: _rewrite(data, "causal", np.array("yes")),
+        [],
+        "field causal must hold bool",
+    ),
+    (
+        "q-float64",
+        lambda data: _rewrite(data, "q", np.zeros((1, 3, 2, 8))),
+        [],
+        "field q must be a rank-4 array of float16 values",
+    ),
     ("rows-0", lambda data: data, ["--rows", "0"], "--rows"),
     ("block-n-huge", lambda data: data, ["--block-n", str(10**9)], "--block-n"),
 ]

@@ -7,12 +7,15 @@ spanning more than the float64 exponent range, and file names built from user te
 
 from __future__ import annotations
 
+import contextlib
+import io
 import math
 import time
 
 import numpy as np
 import pytest
 
+from attention_crossval.properties import replay
 from attention_crossval.reference.case import AttentionCase, Mask, nonfinite_rows
 from attention_crossval.reference.exact import exact_attention, naive_exact_attention
 from attention_crossval.reference.gradients import BackwardCase
@@ -135,3 +138,37 @@ def test_a_big_endian_upstream_gradient_is_read_by_value() -> None:
     do[0, 1, 0, 0] = np.nan
     with pytest.raises(ValueError, match="do must be finite outside padding"):
         BackwardCase(case, do)
+
+
+# ---- saved cases ---------------------------------------------------------------------------
+
+
+def _replay(path) -> tuple[int, str]:
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = replay.main([str(path)])
+    return code, err.getvalue()
+
+
+@pytest.mark.parametrize("sink", [1e9, 1e12, 3e38, -3e38])
+def test_replay_of_a_case_with_a_huge_sink_finishes(sink: float, tmp_path) -> None:
+    """Escape: every rerun of a saved case with sink 3e38 was an OverflowError traceback (1e12:
+    MemoryError, 1e9: minutes in the exact tier)."""
+    path = _case(sink).save(tmp_path / "case.npz")
+    start = time.perf_counter()
+    with np.errstate(all="ignore"):  # the fp32 chain's sink * log2(e) overflows, as a kernel's
+        code, err = _replay(path)
+    assert code == 0 and "Traceback" not in err and time.perf_counter() - start < 30
+
+
+def test_a_saved_case_in_big_endian_replays_by_value(tmp_path) -> None:
+    case = _case(0.0)
+    path = case.save(tmp_path / "case.npz")
+    with np.load(path) as data:
+        fields = {name: data[name] for name in data.files}
+    for name in "qkv":
+        fields[name] = fields[name].astype(">f2")
+    np.savez(path, **fields)
+    loaded = AttentionCase.load(path)
+    for name in "qkv":
+        np.testing.assert_array_equal(getattr(loaded, name), getattr(case, name))

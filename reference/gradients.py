@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attention_crossval.reference.case import AttentionCase, native_byte_order
+from attention_crossval.reference.case import AttentionCase, SavedFields, native_byte_order
 
 
 @dataclass(frozen=True, eq=False)
@@ -85,8 +85,9 @@ class BackwardCase:
         with np.load(path) as data:
             if "do" not in data:
                 raise ValueError(f"{path} holds a forward case only (no 'do' array)")
-            do = data["do"].view(forward.q.dtype)
-            dlse = data["dlse"] if "dlse" in data else None
+            fields = SavedFields(data)
+            do = fields.bits("do", forward.q.dtype)
+            dlse = fields.array("dlse", "f") if "dlse" in data else None
         return cls(forward, do, dlse, forward.label)
 
 
