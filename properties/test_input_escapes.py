@@ -16,8 +16,11 @@ import numpy as np
 import pytest
 
 from attention_crossval.properties import replay
+from attention_crossval.properties.test_exact import _agrees_with_double
+from attention_crossval.properties.test_exact_backward import naive_backward
 from attention_crossval.reference.case import AttentionCase, Mask, nonfinite_rows
 from attention_crossval.reference.exact import exact_attention, naive_exact_attention
+from attention_crossval.reference.exact_backward import exact_backward
 from attention_crossval.reference.gradients import BackwardCase
 
 pytestmark = pytest.mark.cpu
@@ -172,3 +175,25 @@ def test_a_saved_case_in_big_endian_replays_by_value(tmp_path) -> None:
     loaded = AttentionCase.load(path)
     for name in "qkv":
         np.testing.assert_array_equal(getattr(loaded, name), getattr(case, name))
+
+
+# ---- a dlse spanning more than the float64 exponent range ----------------------------------
+
+
+@pytest.mark.parametrize(
+    "low, high", [(1e-300, 1e300), (1e-300, 1.0), (2.0**-1074, 2.0**1023), (-1e308, 1e308)]
+)
+def test_a_dlse_spanning_the_float64_range_is_exact(low: float, high: float) -> None:
+    """Escape: the exact backward took dlse to integers through float64 limbs scaled by
+    2^-lowest_bit, which overflowed once the values spanned more than about 2^970
+    ("cannot convert float NaN to integer"). Now it agrees with the naive mpmath loop."""
+    rng = np.random.default_rng(4)
+    q, k, v = (rng.standard_normal((1, 3, 1, 4)).astype(np.float16) for _ in range(3))
+    do = rng.standard_normal((1, 3, 1, 4)).astype(np.float16)
+    dlse = np.array([[[low, high, 0.5]]])
+    case = BackwardCase(AttentionCase(q, k, v), do, dlse)
+    exact, naive = exact_backward(case), naive_backward(case, dps=700)
+    for name in ("dq", "dk", "dv"):
+        hi, lo, bound = (getattr(exact, name + suffix) for suffix in ("", "_lo", "_err_bound"))
+        assert _agrees_with_double(hi, lo, bound, naive[name]).all(), name
+    assert _agrees_with_double(exact.d, 0 * exact.d, exact.d_err_bound, naive["d"]).all()
