@@ -8,19 +8,27 @@ spanning more than the float64 exponent range, and file names built from user te
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import math
+import re
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from attention_crossval.kernel.broken.cpu_backward_faults import BrokenBackwardAdapter
+from attention_crossval.kernel.broken.cpu_faults import GuardedNumpyAdapter
+from attention_crossval.kernel.harness import run_case
+from attention_crossval.kernel.harness_backward import run_backward_case
 from attention_crossval.properties import replay
 from attention_crossval.properties.test_exact import _agrees_with_double
 from attention_crossval.properties.test_exact_backward import naive_backward
 from attention_crossval.reference.case import AttentionCase, Mask, nonfinite_rows
 from attention_crossval.reference.exact import exact_attention, naive_exact_attention
 from attention_crossval.reference.exact_backward import exact_backward
+from attention_crossval.reference.file_names import MAX_PART, safe_file_name, safe_part
 from attention_crossval.reference.gradients import BackwardCase
 
 pytestmark = pytest.mark.cpu
@@ -197,3 +205,60 @@ def test_a_dlse_spanning_the_float64_range_is_exact(low: float, high: float) -> 
         hi, lo, bound = (getattr(exact, name + suffix) for suffix in ("", "_lo", "_err_bound"))
         assert _agrees_with_double(hi, lo, bound, naive[name]).all(), name
     assert _agrees_with_double(exact.d, 0 * exact.d, exact.d_err_bound, naive["d"]).all()
+
+
+# ---- file names from user text -------------------------------------------------------------
+
+NAMES = [
+    "../../x",
+    "..",
+    ".",
+    "",
+    "a/b",
+    "a\\b",
+    "/etc/passwd",
+    ".hidden",
+    "x" * 300,
+    "ker nel:ü\u2603",
+    "nul\x00byte",
+    "line\nbreak",
+    "sdpa-math",
+]
+
+
+@pytest.mark.parametrize("name", NAMES, ids=[ascii(n)[:20] for n in NAMES])
+def test_a_file_name_from_user_text_stays_one_safe_name(name: str, tmp_path) -> None:
+    part = safe_part(name)
+    assert re.fullmatch(r"[A-Za-z0-9_+=-][A-Za-z0-9._+=~-]*", part), part
+    assert len(part) <= MAX_PART + 9
+    file_name = safe_file_name(name, "bound", "0123456789abcdef", suffix=".npz")
+    (tmp_path / file_name).write_bytes(b"")  # no ENAMETOOLONG, no missing folder
+    assert [p.name for p in tmp_path.iterdir()] == [file_name]
+
+
+def test_safe_names_are_kept_and_changed_names_stay_distinct() -> None:
+    assert safe_part("sdpa-math") == "sdpa-math" and safe_part("fa3_v2.1") == "fa3_v2.1"
+    variants = ["a/b", "a_b", "a\\b", "a b", "x" * 300, "x" * 301, "", ".", ".."]
+    assert len({safe_part(v) for v in variants}) == len(variants)
+
+
+@pytest.mark.parametrize("name", ["../../x", "a/b", "x" * 300, "/abs", "ü/.."])
+def test_a_failing_case_is_saved_inside_the_finding_folder(name: str, tmp_path) -> None:
+    """Escape: with --report-dir a kernel named ``../../x`` wrote its case outside the folder,
+    ``a/b`` raised FileNotFoundError and a 300-character name ENAMETOOLONG."""
+    folder = tmp_path / "one" / "two" / "reports"
+    forward = GuardedNumpyAdapter("skip_last_row")
+    forward.spec = dataclasses.replace(forward.spec, name=name)
+    backward = BrokenBackwardAdapter("skip_last_k_block")
+    backward.spec = dataclasses.replace(backward.spec, name=name)
+    rng = np.random.default_rng(5)
+    q, k, v, do = (rng.standard_normal((1, 8, 2, 16)).astype(np.float16) for _ in range(4))
+    case = AttentionCase(q, k, v, mask=Mask(causal=True, q_lengths=(6,), k_lengths=(7,)))
+    verdicts = [
+        run_case(forward, case, compare=False, finding_dir=folder),
+        run_backward_case(backward, BackwardCase(case, do), compare=False, finding_dir=folder),
+    ]
+    saved = [Path(f.case_path) for verdict in verdicts for f in verdict.findings[:1]]
+    assert len(saved) == 2 and all(path.parent == folder for path in saved), saved
+    written = sorted(p for p in tmp_path.rglob("*") if p.is_file())
+    assert written == sorted(saved)
