@@ -23,6 +23,8 @@ from attention_crossval.reference.bounds import error_bound
 from attention_crossval.reference.case import AttentionCase, AttentionResult, Mask
 from attention_crossval.reference.compare import compare
 from attention_crossval.reference.exact import exact_attention
+from attention_crossval.reference.exact_backward import exact_backward
+from attention_crossval.reference.gradients import BackwardCase
 from attention_crossval.reference.masks import visible_all
 from attention_crossval.reference.precision import BackwardPrecision, StreamingPrecision, round_to
 from attention_crossval.reference.streaming import streaming_attention
@@ -52,6 +54,10 @@ CASE = arrays()
 RESULT = AttentionResult(o=np.zeros((B, SQ, HQ, D)), lse=np.zeros((B, HQ, SQ)))
 GOOD_CASE = AttentionCase(**CASE)
 FA16 = StreamingPrecision.flash_attention("float16")
+ONE_ROW = np.zeros((B, HQ, SQ), bool)
+ONE_ROW[0, 0, 0] = True
+ONE_KEY = np.zeros((B, HKV, SK), bool)
+ONE_KEY[0, 0, 0] = True
 
 
 def bound_call(**kwargs: Any) -> Callable[[], object]:
@@ -401,3 +407,52 @@ def test_only_value_error_escapes_kernel_spec(kwargs: dict) -> None:
     except ValueError:
         return
     assert spec.supports(GOOD_CASE) in (True, False)
+
+
+DLSE_VALUES = st.floats(allow_nan=True, allow_infinity=True) | st.sampled_from(
+    [1e-300, 1e300, 2.0**-1074, -1.7e308, 0.0]
+)
+
+
+@given(
+    do_dtype=st.sampled_from([np.float16, ">f2", np.float32, ml_dtypes.bfloat16]),
+    dlse=st.none() | st.lists(DLSE_VALUES, min_size=SQ, max_size=SQ),
+    nan_row=st.none() | st.integers(0, SQ - 1),
+)
+@example(do_dtype=">f2", dlse=[1e-300, 1e300, 0.5], nan_row=None)
+def test_only_value_error_escapes_backward_case(do_dtype, dlse, nan_row) -> None:
+    """dO of any byte order and dtype, dlse anywhere in the float64 range (spanning more than
+    2^970 gave 'cannot convert float NaN to integer' in the exact backward): an accepted case
+    runs through the exact backward."""
+    do = np.random.default_rng(1).normal(size=(B, SQ, HQ, D)).astype(do_dtype)
+    if nan_row is not None:
+        do[0, nan_row, 0, 0] = np.nan
+    dlse_array = None if dlse is None else np.broadcast_to(np.array(dlse), (B, HQ, SQ)).copy()
+    try:
+        case = BackwardCase(GOOD_CASE, do, dlse_array)
+    except ValueError:
+        return
+    event("valid backward case")
+    gradients = exact_backward(case, rows=ONE_ROW, keys=ONE_KEY)
+    assert gradients.dq.shape == GOOD_CASE.q.shape
+
+
+@given(
+    st.fixed_dictionaries(
+        {
+            "forward": st.just(FA16) | JUNK,
+            "p_dtype": st.sampled_from([None, "float16", "float32"]) | JUNK,
+            "ds_dtype": st.sampled_from([None, "bfloat16", "float64"]) | JUNK,
+            "ds_from_rounded_p": st.booleans() | JUNK,
+            "accum_dtype": st.sampled_from(["float32", "float64"]) | JUNK,
+            "dq_order": st.sampled_from(["fixed", "permuted", "random"]) | JUNK,
+            "output_dtype": st.sampled_from([None, "float16", "int8"]) | JUNK,
+        }
+    )
+)
+def test_only_value_error_escapes_backward_precision(kwargs: dict) -> None:
+    try:
+        precision = BackwardPrecision(**kwargs)
+    except ValueError:
+        return
+    assert precision.forward == FA16

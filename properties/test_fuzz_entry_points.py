@@ -28,6 +28,7 @@ from attention_crossval.kernel.isolation import IsolatedKernel
 from attention_crossval.kernel.registry import factory_path
 from attention_crossval.properties import replay
 from attention_crossval.reference.case import AttentionCase, Mask
+from attention_crossval.reference.file_names import safe_file_name, safe_part
 from attention_crossval.report.cli import main
 
 pytestmark = pytest.mark.cpu
@@ -51,6 +52,9 @@ OPTIONS = [
     "--preset",
     "--isolate",
 ]
+# Sinks at and past the float32 range: 1e9 took minutes in the exact tier, 1e12 MemoryError, 3e38
+# OverflowError (every rerun of a report or a saved case a traceback).
+SINKS = st.sampled_from([2.0, 1e9, 1e12, 3e38, -3e38, 1e39, math.inf, -math.inf])
 # Stands for a list nested 5000 deep (RecursionError in parsers and repr): drawn as this token
 # so Hypothesis can print a failing example, and made real where it is used.
 DEEP_TOKEN = "<5000 nested lists>"
@@ -109,6 +113,7 @@ def _junk_json(value: Any) -> str:
                 "Sk": st.integers(1, 24) | JUNK,
                 "B": st.integers(1, 2) | JUNK,
                 "mask": st.sampled_from(["none", "causal", "varlen"]) | JUNK,
+                "sink": SINKS | JUNK,
                 "extra": JUNK,
             },
         ),
@@ -130,6 +135,18 @@ def test_report_cli_exits_0_or_2_with_one_line(
         code, err = _run(main, argv)
     event(f"exit {code}")
     _assert_clean_exit(code, err)
+
+
+@pytest.mark.parametrize("sink", ["1e9", "1e12", "3e38", "-3e38", "3.4028234663852886e38"])
+def test_report_with_a_huge_sink_runs_the_exact_tier_in_seconds(sink: str, tmp_path) -> None:
+    """Through --config-file: the exact tier's sink of 3e38 was an OverflowError traceback."""
+    path = tmp_path / "c.toml"
+    path.write_text(f'[[config]]\ndtype = "float16"\nD = 16\nSq = 8\nSk = 8\nsink = {sink}\n')
+    argv = ["--config-file", str(path), "--tier", "exact", "--no-html", "--no-progress"]
+    with np.errstate(all="ignore"):  # the fp32 chain's sink * log2(e) overflows, as a kernel's
+        code, err = _run(main, [*argv, "--repeats", "1", "--out", str(tmp_path / "out")])
+    _assert_clean_exit(code, err)
+    assert code == 0
 
 
 @pytest.fixture(scope="module")
@@ -242,6 +259,8 @@ FIELD_JUNK = st.sampled_from(
         np.array([2**62, 0]),
         np.array(3e38, np.float32),
         np.full((1, 3, 2, 8), 1.0, ">f2"),
+        np.array([3e38, -3e38], np.float32),  # as the sink: the exact tier's analytic branch
+        np.array([1e12, 1e9], np.float32),
     ]
 )
 # Every field a saved case may hold.
@@ -306,6 +325,18 @@ def test_kernel_names_and_timeouts_raise_only_value_error(name: Any, timeout: An
         factory_path(_real(name))
     with contextlib.suppress(ValueError):
         IsolatedKernel("streaming-fa", timeout_s=_real(timeout)).close()  # never started
+
+
+@given(name=st.text(max_size=300) | st.sampled_from(["../../x", "a/b", "..", "", "x" * 300]))
+def test_kernel_names_become_one_file_inside_the_folder(name: str) -> None:
+    """Any kernel name gives one file name directly inside the folder (traversal, separators,
+    unicode, empty, 300 characters), and a changed name never takes a safe name's place."""
+    file_name = safe_file_name(name, "bound", "0123456789abcdef", suffix=".npz")
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / file_name
+        path.write_bytes(b"")
+        assert [p.name for p in Path(folder).iterdir()] == [file_name]
+    assert safe_part(name) == name or "~" in safe_part(name)
 
 
 def _corrupt_member(data: bytes) -> bytes:
