@@ -54,7 +54,7 @@ OPTIONS = [
 ]
 # Sinks at and past the float32 range: 1e9 took minutes in the exact tier, 1e12 MemoryError, 3e38
 # OverflowError (every rerun of a report or a saved case a traceback).
-SINKS = st.sampled_from([2.0, 1e9, 1e12, 3e38, -3e38, 1e39, math.inf, -math.inf])
+SINKS = st.sampled_from([2.0, 1e9, 1e12, 3e38, -3e38, 1e39, math.inf, -math.inf, math.nan])
 # Stands for a list nested 5000 deep (RecursionError in parsers and repr): drawn as this token
 # so Hypothesis can print a failing example, and made real where it is used.
 DEEP_TOKEN = "<5000 nested lists>"

@@ -421,12 +421,7 @@ def _evaluate_group(
             surface_rows = [
                 weights.surface_row(scores[r], masks[r], h) for r, (h, _, _) in enumerate(chunk)
             ]
-            for (h, i, _), p_row in zip(chunk, surface_rows, strict=True):
-                if p_row is None:  # the sink's alone (module docstring): O = 0, LSE = sigma
-                    out.o[b, i, h], out.o_lo[b, i, h] = 0.0, 0.0
-                    out.lse[b, h, i] = float(case.sink[h])
-                    out.o_err_bound[b, h, i] = out.lse_err_bound[b, h, i] = 2.0**-1074
-            kept = [r for r, p_row in enumerate(surface_rows) if p_row is not None]
+            kept = _write_sink_only_rows(case, b, chunk, surface_rows, out)
             if not kept:
                 continue
             chunk, masks, p_rows = ([x[r] for r in kept] for x in (chunk, masks, surface_rows))
@@ -443,6 +438,20 @@ def _evaluate_group(
         for r, (h, i, _) in enumerate(chunk):  # numerators: exact sum_j P_j v_j 2^(F - v_lo)
             values = _visible_values(v, masks[r])
             _finish_row(out, b, h, i, numerators[r], p_rows[r], values, v_lo, weights)
+
+
+def _write_sink_only_rows(
+    case: AttentionCase, b: int, chunk: list, surface_rows: list, out: _Outputs
+) -> list[int]:
+    """Write the rows the sink outweighs beyond double resolution (``surface_rows[r]`` None):
+    ``O = 0``, ``LSE = sigma``, bound ``2^-1074`` (module docstring); return the other rows'
+    indices, which the fixed-point evaluation finishes."""
+    for (h, i, _), p_row in zip(chunk, surface_rows, strict=True):
+        if p_row is None:
+            out.o[b, i, h], out.o_lo[b, i, h] = 0.0, 0.0
+            out.lse[b, h, i] = float(case.sink[h])
+            out.o_err_bound[b, h, i] = out.lse_err_bound[b, h, i] = 2.0**-1074
+    return [r for r, p_row in enumerate(surface_rows) if p_row is not None]
 
 
 def _visible_values(v: np.ndarray, seen: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:

@@ -22,8 +22,9 @@ _HASH_DIGITS = 8
 def safe_part(text: str) -> str:
     """``text`` as one piece of a file name: only ``[A-Za-z0-9._+=-]``, no leading dot (so never
     ``.``, ``..`` or hidden), at most :data:`MAX_PART` characters before the suffix. Text that
-    had to change (empty included) gets ``~`` and 8 hex digits of its sha256, so distinct texts stay distinct
-    (``a/b`` and ``a_b`` give different names); text already safe is kept as it is."""
+    had to change (empty included) gets ``~`` and 8 hex digits of its sha256, so distinct
+    texts stay distinct (``a/b`` and ``a_b`` give different names); text already safe is kept
+    as it is."""
     if not isinstance(text, str):
         raise ValueError(f"file name part {text!r} must be a str")
     cleaned = _UNSAFE.sub("_", text).lstrip(".")[:MAX_PART]
