@@ -367,9 +367,9 @@ REPLAY_INPUTS = [
     *(
         (f"{key}-{text}", lambda data, key=key, value=value: _rewrite(data, key, value), [], rule)
         for key, rule in (
-            ("window", "field window"),
-            ("q_lengths", "field q_lengths"),
-            ("k_lengths", "field k_lengths"),
+            ("window", "window"),
+            ("q_lengths", "q_lengths"),
+            ("k_lengths", "k_lengths"),
         )
         for text, value in (
             ("inf", np.array([np.inf, -1.0])),

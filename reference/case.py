@@ -10,7 +10,6 @@ import enum
 import math
 import os
 import re
-import reprlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -574,21 +573,19 @@ class AttentionCase:
                 fields.text("label"),
                 softcap=fields.number("softcap") if "softcap" in data else None,
                 sink=fields.array("sink", "f") if "sink" in data else None,
-                page_size=fields.integer("page_size", 1, None) if "page_size" in data else None,
-                num_splits=fields.integer("num_splits", 1, MAX_SPLITS)
-                if "num_splits" in data
-                else 1,
+                page_size=fields.integer("page_size") if "page_size" in data else None,
+                num_splits=fields.integer("num_splits") if "num_splits" in data else 1,
                 layout=fields.text("layout", LAYOUTS) if "layout" in data else "padded",
                 page_fill=fields.number("page_fill") if "page_fill" in data else math.nan,
             )
 
 
 class SavedFields:
-    """The arrays of a saved case (:meth:`AttentionCase.save`), each read with its type, shape
-    and range checked: a foreign or damaged file gives one ValueError naming the field and the
-    rule (``not a case: field window must be ...``), never an OverflowError from ``int(inf)``.
-    Ranges that depend on the whole case (lengths against Sq, the sink's shape) are left to
-    :class:`AttentionCase` itself."""
+    """The arrays of a saved case (:meth:`AttentionCase.save`), each read with its type and
+    shape checked: a foreign or damaged file gives one ValueError naming the field and the rule
+    (``not a case: field window must hold int or uint``), never an OverflowError from
+    ``int(inf)``. The values' ranges are checked once, by :class:`Mask` and
+    :class:`AttentionCase`, as for any other caller."""
 
     def __init__(self, data: np.lib.npyio.NpzFile) -> None:
         self.data = data
@@ -624,13 +621,9 @@ class SavedFields:
         """A float (or int) field; its range is the case's to check (NaN is a valid fill)."""
         return float(self._scalar(name, "fiu", "a number"))
 
-    def integer(self, name: str, low: int, high: int | None) -> int:
-        """An int field in ``[low, high]`` (``high`` None: unbounded)."""
-        value = int(self._scalar(name, "iu", "an int"))
-        if value < low or (high is not None and value > high):
-            rule = f"in [{low}, {high}]" if high is not None else f">= {low}"
-            raise ValueError(f"not a case: field {name}={value} must be an int {rule}")
-        return value
+    def integer(self, name: str) -> int:
+        """An int field; its range is the case's to check."""
+        return int(self._scalar(name, "iu", "an int"))
 
     def bits(self, name: str, dtype: np.dtype) -> np.ndarray:
         """A rank-4 array of ``dtype`` values, stored as such or as unsigned ints of the same
@@ -644,24 +637,20 @@ class SavedFields:
         return value.view(dtype)
 
     def window(self) -> tuple[int | None, int | None]:
-        """``(window_left, window_right)``: two ints, -1 for unbounded."""
+        """``(window_left, window_right)`` from two ints, -1 for unbounded (:class:`Mask`
+        checks the range)."""
         value = self.array("window", "iu")
-        if value.shape != (2,) or not all(w == -1 or 0 <= w <= MAX_WINDOW for w in value):
-            raise ValueError(
-                f"not a case: field window={reprlib.repr(value.tolist())} must be 2 ints, each -1 "
-                "(unbounded) or in [0, 2**31 - 1]"
-            )
-        left, right = (None if w < 0 else int(w) for w in value)
+        if value.shape != (2,):
+            raise ValueError(f"not a case: field window must be 2 ints, got shape {value.shape}")
+        left, right = (None if w == -1 else int(w) for w in value)
         return left, right
 
     def lengths(self, name: str) -> tuple[int, ...] | None:
-        """Valid lengths: ``[-1]`` for None, else ints >= 0 (the case checks them against S)."""
+        """Valid lengths from a 1-d int array, ``[-1]`` for None (:class:`Mask` and the case
+        check the values)."""
         value = self.array(name, "iu")
-        if value.ndim != 1 or not value.size or (value.tolist() != [-1] and value.min() < 0):
-            raise ValueError(
-                f"not a case: field {name}={reprlib.repr(value.tolist())} must be [-1] (none) "
-                "or ints >= 0"
-            )
+        if value.ndim != 1:
+            raise ValueError(f"not a case: field {name} must be 1-d, got shape {value.shape}")
         return None if value.tolist() == [-1] else tuple(int(n) for n in value)
 
 
