@@ -50,6 +50,7 @@ from attention_crossval.kernel.references import reference_findings
 from attention_crossval.kernel.spec import KernelAdapter, KernelSpec
 from attention_crossval.kernel.verdict import CHECKS, CheckFailed, Finding, Verdict
 from attention_crossval.reference.case import AttentionCase, AttentionResult
+from attention_crossval.reference.file_names import safe_file_name
 from attention_crossval.reference.masks import empty_rows
 
 __all__ = [
@@ -207,7 +208,9 @@ def _save(case: AttentionCase, kernel: str, check: str, directory: str | Path) -
     hasher = hashlib.sha256(case.describe().encode())
     for array in (case.q, case.k, case.v):
         hasher.update(np.ascontiguousarray(array).tobytes())
-    return case.save(directory / f"{kernel}-{check}-{hasher.hexdigest()[:16]}.npz")
+    return case.save(
+        directory / safe_file_name(kernel, check, hasher.hexdigest()[:16], suffix=".npz")
+    )
 
 
 def _shape_findings(case: AttentionCase, runs: list[Run]) -> list[Finding]:

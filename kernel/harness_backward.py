@@ -44,6 +44,7 @@ from attention_crossval.kernel.isolation import (
 from attention_crossval.kernel.references_backward import GRADIENTS, BackwardReferences
 from attention_crossval.kernel.spec import BackwardKernelAdapter, KernelAdapter, KernelSpec
 from attention_crossval.kernel.verdict import Finding, Verdict
+from attention_crossval.reference.file_names import safe_file_name
 from attention_crossval.reference.gradients import BackwardCase, Gradients
 from attention_crossval.reference.masks import visible
 
@@ -234,7 +235,8 @@ def _save(case: BackwardCase, kernel: str, check: str, directory: str | Path) ->
     hasher = hashlib.sha256(case.forward.describe().encode())
     for array in (case.forward.q, case.forward.k, case.forward.v, case.do):
         hasher.update(np.ascontiguousarray(array).tobytes())
-    return case.save(directory / f"{kernel}-backward-{check}-{hasher.hexdigest()[:16]}.npz")
+    name = safe_file_name(kernel, "backward", check, hasher.hexdigest()[:16], suffix=".npz")
+    return case.save(directory / name)
 
 
 @dataclass(frozen=True)
