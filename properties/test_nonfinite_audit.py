@@ -1,0 +1,345 @@
+"""Audit of every harness check against non-finite expectations.
+
+A check that compares ``|got - expected| <= tolerance`` passes any finite ``got`` when
+``expected`` is infinite and the tolerance relative (``inf <= inf``): the empty-row LSE check
+did, and a kernel writing a finite LSE on a row that sees no key passed. Here a correct CPU
+kernel's result is changed *only* where the expected value is special: an empty row's O (0)
+and LSE (-inf, or the head's sink), dq on empty rows and dk/dv on keys no query sees (0), a
+reference LSE of -inf or O of 0 (the ``bound`` / ``lse`` comparison); or made NaN / +-inf
+where a finite value is expected. The check owning the position must flag it, whichever
+cooperative checks the adapter applies (``nonfinite`` and ``padding-read`` may be absent).
+Every comparison goes through :func:`reference.compare.outside_tolerance`, whose rules are
+pinned first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+from hypothesis import assume, example, given, settings
+from hypothesis import strategies as st
+
+from attention_crossval.kernel.broken.cpu_backward_faults import BrokenBackwardAdapter
+from attention_crossval.kernel.broken.cpu_faults import GuardedNumpyAdapter
+from attention_crossval.kernel.harness import run_case
+from attention_crossval.kernel.harness_backward import run_backward_case
+from attention_crossval.kernel.references import CaseReferences, output_dtype
+from attention_crossval.kernel.references_backward import BackwardReferences
+from attention_crossval.kernel.spec import KernelSpec
+from attention_crossval.properties.strategies import attention_cases, backward_cases
+from attention_crossval.reference.case import AttentionCase, AttentionResult, Mask
+from attention_crossval.reference.compare import compare, outside_tolerance
+from attention_crossval.reference.gradients import BackwardCase, Gradients
+from attention_crossval.reference.masks import empty_rows, hidden_keys
+
+pytestmark = pytest.mark.cpu
+
+INF, NAN = np.inf, np.nan
+# Each example runs a kernel a few times on a case of at most two K blocks and one key.
+AUDIT = settings(max_examples=min(settings.default.max_examples, 20), database=None)
+MAX_LEN = 33
+
+
+@pytest.mark.parametrize(
+    ("got", "expected", "tolerance", "options", "flagged"),
+    [
+        (-1e30, -INF, INF, {}, True),  # the regression: relative tolerance of -inf is inf
+        (0.0, -INF, 2**-20 * INF, {}, True),
+        (INF, -INF, INF, {}, True),
+        (-INF, -INF, 0.0, {}, False),
+        (-INF, INF, INF, {"inf_ok": True}, True),  # an overflow keeps its sign
+        (1.0, INF, INF, {"inf_ok": True}, True),
+        (INF, 1.0, INF, {}, True),  # inf only where the chain may overflow
+        (INF, 1.0, INF, {"inf_ok": True}, False),
+        (NAN, 1.0, INF, {}, True),
+        (NAN, 1.0, INF, {"nan_ok": True}, False),
+        (NAN, 0.0, 0.0, {"nan_ok": True}, False),  # a declared NaN empty row
+        (1.0, 0.0, 0.0, {"nan_ok": True}, True),
+        (1.0, NAN, INF, {"nan_ok": True}, True),  # expected NaN: only NaN matches
+        (NAN, NAN, 0.0, {"nan_ok": True}, False),
+        (1.5, 1.0, 0.5, {}, False),
+        (1.5, 1.0, 0.25, {}, True),
+        (1.0, 1.0, 0.0, {"expected_lo": 2.0**-60}, True),  # the double-double's low part
+        (5.0, 1.0, 0.0, {"where": False}, False),
+    ],
+)
+def test_outside_tolerance_decides_non_finite_values_explicitly(
+    got: float, expected: float, tolerance: float, options: dict, flagged: bool
+) -> None:
+    assert outside_tolerance(np.array([got]), expected, tolerance, **options).tolist() == [flagged]
+
+
+@pytest.mark.parametrize(
+    ("expected", "tolerance", "message"),
+    [
+        (NAN, 1.0, "expected is NaN at 3 compared positions where NaN is not allowed"),
+        (1.0, NAN, "tolerance must be >= 0"),
+        (1.0, -1.0, "tolerance must be >= 0"),
+    ],
+)
+def test_outside_tolerance_refuses_what_would_accept_anything(
+    expected: float, tolerance: float, message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        outside_tolerance(np.zeros(3), np.full(3, expected), tolerance)
+
+
+# --- the forward harness: empty-rows, nonfinite, bound, lse -----------------------------------
+
+
+class _Perturbed(GuardedNumpyAdapter):
+    """The guarded streaming kernel (correct) with ``edit`` applied to every call's result."""
+
+    def __init__(self, spec, checks: frozenset[str], edit: Callable) -> None:
+        super().__init__(spec=spec, checks=checks)
+        self.edit = edit
+
+    def run_guarded(self, case, *, prefill):
+        result, writes = super().run_guarded(case, prefill=prefill)
+        self.edit(result)
+        return result, writes
+
+
+def _rows_to_write(case: AttentionCase, padded_rows: str) -> np.ndarray:
+    """Bool ``[B, Sq, Hq]``: the rows a kernel must write (all, or not the padded ones)."""
+    lengths = np.array([case.q_length(b) for b in range(case.B)])
+    valid = np.arange(case.Sq)[None, :] < lengths[:, None]
+    must = valid if padded_rows == "unwritten" else np.ones_like(valid)
+    return np.broadcast_to(must[..., None], (case.B, case.Sq, case.Hq))
+
+
+def _pick(draw: st.DrawFn, where: np.ndarray) -> tuple[int, ...]:
+    return draw(st.sampled_from([tuple(int(x) for x in i) for i in np.argwhere(where)]))
+
+
+@st.composite
+def forward_faults(draw: st.DrawFn):
+    """(adapter, case, what was changed, the checks that may flag it, whether the reference
+    checks are needed to see it)."""
+    base = GuardedNumpyAdapter().spec
+    spec = dataclasses.replace(
+        base,
+        sink=True,
+        empty_rows=draw(st.sampled_from(["zero", "nan"])),
+        padded_rows=draw(st.sampled_from(["zero", "unwritten"])),
+    )
+    checks = frozenset(draw(st.sets(st.sampled_from(sorted(GuardedNumpyAdapter.checks)))))
+    case = draw(attention_cases(spec=spec, max_len=MAX_LEN))
+    empty = empty_rows(case).transpose(0, 2, 1)
+    must_write = _rows_to_write(case, spec.padded_rows)
+    targets = {"empty": empty & must_write, "valid": ~empty & must_write}
+    kind = draw(st.sampled_from([k for k, rows in targets.items() if rows.any()]))
+    target = draw(st.sampled_from(["o", "lse"]))
+    rows = targets[kind]
+    if (
+        kind == "valid" and "nonfinite" not in checks and target == "o"
+    ):  # +-inf is admitted where the bound is infinite
+        refs = CaseReferences(case, rows=0, tile_m=spec.tile_m, tile_n=spec.tile_n)
+        bound, _ = refs.bounds(spec.precision_for(case.dtype), spec.tile_n)
+        rows = rows & np.isfinite(bound).all(axis=-1)
+        assume(rows.any())
+    b, i, h = _pick(draw, rows)
+    sink = -INF if case.sink is None else float(case.sink[h])
+    if kind == "empty":  # O = 0 (NaN allowed where declared), LSE = -inf or the sink
+        o_values = [1.0, -0.5, INF, -INF] + ([NAN] if spec.empty_rows == "zero" else [])
+        lse_values = [NAN, INF, -INF] if np.isfinite(sink) else [NAN, INF, -1e30, 0.0]
+        if np.isfinite(sink):
+            lse_values.append(sink + max(1.0, abs(sink) * 2.0**-10))
+    else:  # finite values expected
+        o_values, lse_values = [NAN, INF, -INF], [NAN, INF, -INF]
+    value = draw(st.sampled_from(o_values if target == "o" else lse_values))
+    c = draw(st.integers(0, case.Dv - 1))
+    return _forward_fault(spec, checks, case, kind, target, value, (b, i, h, c))
+
+
+def _forward_fault(
+    spec: KernelSpec,
+    checks: frozenset[str],
+    case: AttentionCase,
+    kind: str,
+    target: str,
+    value: float,
+    index: tuple[int, int, int, int],
+) -> tuple:
+    """The kernel writing ``value`` into ``target`` ("o", or "lse" of the row) at ``index``
+    ``(b, i, h, c)`` of an ``kind`` ("empty" or "valid") row, and what must flag it."""
+    b, i, h, c = index
+
+    def edit(result: AttentionResult) -> None:
+        if target == "o":
+            result.o[b, i, h, c] = value
+        else:
+            result.lse[b, h, i] = value
+
+    where = f"{target} = {value!r} at (b={b}, i={i}, h={h}) of an {kind} row"
+    flaggers = {"empty-rows", "nonfinite"} if kind == "empty" else {"nonfinite", "bound", "lse"}
+    needs_references = kind == "valid" and "nonfinite" not in checks
+    return _Perturbed(spec, checks, edit), case, where, flaggers, needs_references
+
+
+def _one_batch_sees_no_key() -> AttentionCase:
+    """Batch 1 has no keys: every row of it is empty."""
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((2, S, 2, 16)).astype(np.float16) for S in (4, 9, 9))
+    return AttentionCase(q, k, v, mask=Mask(k_lengths=(9, 0)))
+
+
+GUARDED = GuardedNumpyAdapter()
+
+
+@AUDIT
+@given(forward_faults())
+# the regression (a finite LSE on an empty row), and an empty row no applied check looked at
+@example(
+    _forward_fault(
+        GUARDED.spec, GUARDED.checks, _one_batch_sees_no_key(), "empty", "lse", -1e30, (1, 0, 0, 0)
+    )
+)
+@example(
+    _forward_fault(
+        GUARDED.spec, frozenset(), _one_batch_sees_no_key(), "empty", "o", INF, (1, 2, 1, 3)
+    )
+)
+def test_forward_checks_flag_changes_where_the_expected_value_is_special(fault) -> None:
+    adapter, case, where, flaggers, needs_references = fault
+    verdict = run_case(adapter, case, compare=needs_references, exact_rows=0)
+    found = {f.check for f in verdict.findings}
+    assert found & flaggers, f"{where} passed {sorted(adapter.checks)}: {verdict.findings}"
+
+
+@st.composite
+def reference_faults(draw: st.DrawFn):
+    """(spec, case, float64 reference and bounds, changed copy, what): the change only where
+    the reference's LSE is -inf or its O exactly 0 (with a finite bound), or NaN / +-inf where
+    it is finite."""
+    spec = GuardedNumpyAdapter().spec
+    case = draw(attention_cases(spec=spec, max_len=MAX_LEN))
+    refs = CaseReferences(case, rows=0, tile_m=spec.tile_m, tile_n=spec.tile_n)
+    reference = refs.float64()
+    bounds = refs.bounds(spec.precision_for(case.dtype), spec.tile_n)
+    o, lse = np.array(reference.o), np.array(reference.lse)
+    finite_bound = np.isfinite(bounds[0])
+    choices = [("lse", value, np.isneginf(lse)) for value in (0.0, -1e30, INF, NAN)]
+    choices += [("o", value, (o == 0) & finite_bound) for value in (NAN, INF, -INF, "past")]
+    choices += [("o", value, np.isfinite(o) & finite_bound) for value in (NAN, INF, -INF)]
+    choices += [("lse", value, np.isfinite(lse)) for value in (NAN, INF, -INF)]
+    target, value, where = draw(st.sampled_from([c for c in choices if c[2].any()]))
+    index = _pick(draw, where)
+    changed = {"o": o, "lse": lse}[target]
+    expected = changed[index]
+    changed[index] = 2 * bounds[0][index] + 1.0 if value == "past" else value
+    what = f"{target} = {changed[index]!r} at {index} where the reference is {expected!r}"
+    return spec, case, reference, bounds, AttentionResult(o=o, lse=lse), what
+
+
+@AUDIT
+@given(reference_faults())
+def test_bound_and_lse_comparisons_flag_changes_where_the_reference_is_special(fault) -> None:
+    spec, case, reference, (bound, lse_bound), changed, what = fault
+    report = compare(
+        changed, reference, bound=bound, lse_bound=lse_bound,
+        output_dtype=output_dtype(spec, case.dtype),
+    )  # fmt: skip
+    assert report.mismatched + report.lse_mismatched > 0, f"{what} passed: {report.summary()}"
+
+
+# --- the backward harness: zero-grad, nonfinite, dq/dk/dv-bound --------------------------------
+
+
+class _PerturbedBackward(BrokenBackwardAdapter):
+    """The correct CPU backward with ``edit`` applied to every call's gradients."""
+
+    def __init__(self, spec, checks: frozenset[str], edit: Callable) -> None:
+        super().__init__(spec=spec, backward_checks=checks)
+        self.edit = edit
+
+    def run_backward_guarded(self, case, *, prefill):
+        grads, writes = super().run_backward_guarded(case, prefill=prefill)
+        self.edit(grads)
+        return grads, writes
+
+
+@st.composite
+def backward_faults(draw: st.DrawFn):
+    """(adapter, case, what was changed, the checks that may flag it, the references when the
+    bound checks are needed to see it)."""
+    base = BrokenBackwardAdapter().spec
+    spec = dataclasses.replace(base, padded_rows=draw(st.sampled_from(["zero", "unwritten"])))
+    pool = sorted(BrokenBackwardAdapter.backward_checks)
+    checks = frozenset(draw(st.sets(st.sampled_from(pool))))
+    case: BackwardCase = draw(backward_cases(spec=spec, max_len=MAX_LEN))
+    fwd = case.forward
+    dq_rows = _rows_to_write(fwd, spec.padded_rows)
+    k_lengths = np.array([fwd.k_length(b) for b in range(fwd.B)])
+    valid_keys = np.arange(fwd.Sk)[None, :] < k_lengths[:, None]
+    keys = valid_keys if spec.padded_rows == "unwritten" else np.ones_like(valid_keys)
+    dk_rows = np.broadcast_to(keys[..., None], (fwd.B, fwd.Sk, fwd.Hkv))
+    zero = {
+        "dq": empty_rows(fwd).transpose(0, 2, 1) & dq_rows,
+        "dk": hidden_keys(fwd) & dk_rows,
+        "dv": hidden_keys(fwd) & dk_rows,
+    }
+    must_write = {"dq": dq_rows, "dk": dk_rows, "dv": dk_rows}
+    choices = [(g, "zero") for g in zero if zero[g].any()]
+    choices += [(g, "finite") for g in zero if (must_write[g] & ~zero[g]).any()]
+    gradient, kind = draw(st.sampled_from(choices))
+    rows = zero[gradient] if kind == "zero" else must_write[gradient] & ~zero[gradient]
+    needs_bounds = kind == "finite" and "nonfinite" not in checks
+    references = None
+    if needs_bounds:  # +-inf (and NaN where undefined) is admitted where the bound is infinite
+        references = BackwardReferences(case, samples=0)
+        bounds = references.bounds(spec.backward_precision_for(fwd.dtype), spec.tile_n)
+        rows = rows & np.isfinite(getattr(bounds, gradient)).all(axis=-1)
+        assume(rows.any())
+    index = _pick(draw, rows)
+    values = [NAN, INF, -INF] + ([1.0, -(2.0**-10)] if kind == "zero" else [])
+    value = draw(st.sampled_from(values))
+    c = draw(st.integers(0, (fwd.Dv if gradient == "dv" else fwd.D) - 1))
+    return _backward_fault(spec, checks, case, gradient, kind, value, (*index, c), references)
+
+
+def _backward_fault(
+    spec: KernelSpec,
+    checks: frozenset[str],
+    case: BackwardCase,
+    gradient: str,
+    kind: str,
+    value: float,
+    index: tuple[int, int, int, int],
+    references: BackwardReferences | None = None,
+) -> tuple:
+    """The backward writing ``value`` into ``gradient`` at ``index`` where ``kind`` ("zero" or
+    "finite") is expected, and what must flag it."""
+
+    def edit(grads: Gradients) -> None:
+        getattr(grads, gradient)[index] = value
+
+    where = f"{gradient} = {value!r} at {index} where {kind} is expected"
+    flaggers = {"zero-grad", "nonfinite"} if kind == "zero" else {"nonfinite", f"{gradient}-bound"}
+    return _PerturbedBackward(spec, checks, edit), case, where, flaggers, references
+
+
+def _backward_case() -> BackwardCase:
+    forward = _one_batch_sees_no_key()
+    do = np.random.default_rng(4).standard_normal(forward.q.shape).astype(np.float16)
+    return BackwardCase(forward, do)
+
+
+BACKWARD = BrokenBackwardAdapter()
+
+
+@AUDIT
+@given(backward_faults())
+@example(
+    _backward_fault(BACKWARD.spec, frozenset(), _backward_case(), "dq", "zero", NAN, (1, 1, 0, 2))
+)
+def test_backward_checks_flag_changes_where_the_expected_value_is_special(fault) -> None:
+    adapter, case, where, flaggers, references = fault
+    verdict = run_backward_case(
+        adapter, case, compare=references is not None, samples=0, references=references
+    )
+    found = {f.check for f in verdict.findings}
+    assert found & flaggers, f"{where} passed {sorted(adapter.backward_checks)}: {verdict.findings}"
