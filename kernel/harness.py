@@ -13,7 +13,8 @@ is saved as .npz and a fresh worker continues), ``shape`` (``o`` / ``lse`` not f
 the layout's shapes), ``input-write`` (q, k, v or the explicit mask changed by the call),
 ``empty-rows`` (empty rows, and padded query
 rows of a ``padded_rows="zero"`` kernel, differ from O = 0 / LSE = -inf or the declared
-convention), ``lse`` (also: ``spec.returns_lse`` but no LSE returned). Applied where the
+convention; like every tolerance check, through :func:`reference.compare.outside_tolerance`,
+which matches an infinite expected value exactly), ``lse`` (also: ``spec.returns_lse`` but no LSE returned). Applied where the
 adapter's ``checks`` (a subset of :data:`ADAPTER_CHECKS`) names them: ``output-guard`` (a guard
 band around ``o``/``lse`` changed), ``unwritten`` (the NaN prefill survives where the kernel
 must write), ``padding-read`` (non-finite only when padding, or the unused slots of a paged
