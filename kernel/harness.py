@@ -11,10 +11,10 @@ Checks (``CHECKS``, one vocabulary for findings and adapters). Always applied: `
 ``crash`` / ``timeout`` (the latter two in an isolated worker, :mod:`kernel.isolation`; the case
 is saved as .npz and a fresh worker continues), ``shape`` (``o`` / ``lse`` not float arrays of
 the layout's shapes), ``input-write`` (q, k, v or the explicit mask changed by the call),
-``empty-rows`` (empty rows, and padded query
-rows of a ``padded_rows="zero"`` kernel, differ from O = 0 / LSE = -inf or the declared
-convention; like every tolerance check, through :func:`reference.compare.outside_tolerance`,
-which matches an infinite expected value exactly), ``lse`` (also: ``spec.returns_lse`` but no LSE returned). Applied where the
+``empty-rows`` (empty rows, and padded query rows of a ``padded_rows="zero"`` kernel, differ
+from O = 0 / LSE = -inf or the declared convention; like every tolerance check, through
+:func:`reference.compare.outside_tolerance`, which matches an infinite expected value
+exactly), ``lse`` (also: ``spec.returns_lse`` but no LSE returned). Applied where the
 adapter's ``checks`` (a subset of :data:`ADAPTER_CHECKS`) names them: ``output-guard`` (a guard
 band around ``o``/``lse`` changed), ``unwritten`` (the NaN prefill survives where the kernel
 must write), ``padding-read`` (non-finite only when padding, or the unused slots of a paged

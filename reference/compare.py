@@ -15,9 +15,10 @@ Metrics over the *evaluated* elements (reference not NaN, ``ExactResult.rows`` a
   the output dtype in ``r``'s binade (the subnormal spacing below the normal range). A correctly
   rounded kernel scores 0.
 * ``bound fraction``: ``abs / bound`` (0 / 0 = 0, x / 0 = inf).
-* mismatched: ``abs > bound``, or a non-finite actual where the reference is finite (a NaN
-  always mismatches, even with ``bound=None``). Two exceptions, where the declared chain may
-  overflow: an infinite bound admits +-inf, and an element marked ``undefined`` (with an
+* mismatched: ``abs > bound``, a non-finite actual where the reference is finite, or an
+  infinite reference not matched by the same infinity (a NaN always mismatches, even with
+  ``bound=None``). Two exceptions, where the declared chain may overflow: an infinite bound
+  admits +-inf where the reference is finite, and an element marked ``undefined`` (with an
   infinite bound) admits anything, NaN included; both score a bound fraction of 0.
 * ``bound`` / ``lse_bound`` must be >= 0 (inf allowed) on evaluated elements: a NaN or negative
   bound raises ValueError (``err > NaN`` is False and would pass anything).
@@ -28,9 +29,9 @@ Metrics over the *evaluated* elements (reference not NaN, ``ExactResult.rows`` a
   disagreement involving an infinity or NaN an error of inf.
 
 Whether a value is accepted is decided in one place, :func:`outside_tolerance`, which every
-tolerance comparison of the harnesses goes through (docs/faults.md, "Non-finite values"):
-``|got - expected| <= tolerance`` alone accepts every finite ``got`` when ``expected`` is
-infinite and the tolerance relative (``inf <= inf``).
+tolerance comparison of the harnesses goes through (docs/faults.md, "Non-finite values in the
+checks"): ``|got - expected| <= tolerance`` alone accepts every finite ``got`` when
+``expected`` is infinite and the tolerance relative (``inf <= inf``).
 """
 
 from __future__ import annotations
