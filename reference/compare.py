@@ -337,9 +337,11 @@ def outside_tolerance(
             f"expected is NaN at {int(unexpected_nan.sum())} compared positions where NaN is "
             f"not allowed, first at {at}: leave them out (where=) or allow NaN there (nan_ok=)"
         )
-    lo = np.zeros(shape) if expected_lo is None else np.asarray(expected_lo, dtype=np.float64)
-    lo = np.where(np.isfinite(expected) & np.isfinite(lo), lo, 0.0)
     finite = np.isfinite(expected)
+    lo = 0.0
+    if expected_lo is not None:
+        lo = np.asarray(expected_lo, dtype=np.float64)
+        lo = np.where(finite & np.isfinite(lo), lo, 0.0)
     accepted = (
         (finite & np.isfinite(got) & (_abs_error(got, expected, lo) <= tolerance))
         | (finite & np.isinf(got) & inf_ok)
