@@ -15,9 +15,10 @@ Metrics over the *evaluated* elements (reference not NaN, ``ExactResult.rows`` a
   the output dtype in ``r``'s binade (the subnormal spacing below the normal range). A correctly
   rounded kernel scores 0.
 * ``bound fraction``: ``abs / bound`` (0 / 0 = 0, x / 0 = inf).
-* mismatched: ``abs > bound``, or a non-finite actual where the reference is finite (a NaN
-  always mismatches, even with ``bound=None``). Two exceptions, where the declared chain may
-  overflow: an infinite bound admits +-inf, and an element marked ``undefined`` (with an
+* mismatched: ``abs > bound``, a non-finite actual where the reference is finite, or an
+  infinite reference not matched by the same infinity (a NaN always mismatches, even with
+  ``bound=None``). Two exceptions, where the declared chain may overflow: an infinite bound
+  admits +-inf where the reference is finite, and an element marked ``undefined`` (with an
   infinite bound) admits anything, NaN included; both score a bound fraction of 0.
 * ``bound`` / ``lse_bound`` must be >= 0 (inf allowed) on evaluated elements: a NaN or negative
   bound raises ValueError (``err > NaN`` is False and would pass anything).
@@ -26,6 +27,11 @@ Metrics over the *evaluated* elements (reference not NaN, ``ExactResult.rows`` a
   cannot tell the right weighting of V from a wrong one: a pass there proves little.
 * LSE: ``|actual - reference|`` per row with ``-inf == -inf`` an error of 0 and any other
   disagreement involving an infinity or NaN an error of inf.
+
+Whether a value is accepted is decided in one place, :func:`outside_tolerance`, which every
+tolerance comparison of the harnesses goes through (docs/faults.md, "Non-finite values in the
+checks"): ``|got - expected| <= tolerance`` alone accepts every finite ``got`` when
+``expected`` is infinite and the tolerance relative (``inf <= inf``).
 """
 
 from __future__ import annotations
@@ -136,22 +142,29 @@ def compare(
     rel = err / np.maximum(np.abs(hi), float(info.tiny))
     rounded = correctly_rounded(hi, lo, output_dtype)
     ulp = _abs_error(a, rounded, np.zeros(shape)) / ulp_of(rounded, output_dtype)
-    bad_value = ~np.isfinite(a) & np.isfinite(hi) | np.isnan(a)
-    if bound is None:
-        fraction, mismatch, score = None, bad_value, err
+    if bound is None:  # only non-finite disagreements count
+        mismatch = outside_tolerance(a, hi, np.inf, expected_lo=lo, where=evaluated)
+        fraction, score = None, err
     else:
-        bound = _checked_bound("bound", _as_shape("bound", bound, shape), evaluated)
+        bound = _as_shape("bound", bound, shape)
         # An infinite bound (the declared chain may overflow there) admits +-inf, never NaN
         # unless the chain's result is undefined there.
-        admitted = np.isinf(bound) & np.isinf(a)
-        if undefined is not None:
-            admitted |= _as_shape("undefined", undefined, shape).astype(bool) & np.isinf(bound)
-        bad_value &= ~admitted
+        overflow = np.isinf(bound)
+        undefined = (
+            np.zeros(shape, bool)
+            if undefined is None
+            else _as_shape("undefined", undefined, shape).astype(bool) & overflow
+        )
+        mismatch = outside_tolerance(
+            a, hi, bound, expected_lo=lo, where=evaluated, inf_ok=overflow, nan_ok=undefined,
+            name="bound",
+        )  # fmt: skip
         with np.errstate(divide="ignore", invalid="ignore"):
             fraction = np.where(err == 0, 0.0, err / bound)
         fraction = np.where(np.isnan(fraction), np.inf, fraction)
+        admitted = (overflow & np.isinf(a)) | undefined
         fraction = np.where(admitted, 0.0, fraction)  # an admitted overflow
-        mismatch, score = bad_value | (err > bound), fraction
+        score = fraction
     vacuous = _vacuous(bound, v_range, shape) & evaluated
 
     total = int(evaluated.sum())
@@ -286,6 +299,58 @@ def ulp_of(x: np.ndarray, dtype: str) -> np.ndarray:
     return np.ldexp(1.0, binade - info.nmant)
 
 
+def outside_tolerance(
+    got: np.ndarray,
+    expected: np.ndarray | float,
+    tolerance: np.ndarray | float,
+    *,
+    expected_lo: np.ndarray | None = None,
+    where: np.ndarray | bool = True,
+    inf_ok: np.ndarray | bool = False,
+    nan_ok: np.ndarray | bool = False,
+    name: str = "tolerance",
+) -> np.ndarray:
+    """Bool mask (the broadcast shape, False outside ``where``) of the values ``got`` that are
+    not accepted for ``expected``. Non-finite values are decided explicitly, never by the
+    arithmetic (``|x - inf| <= inf`` holds for every finite x; ``NaN <= t`` is False):
+
+    * ``expected`` finite: ``got`` finite and ``|got - (expected + expected_lo)| <= tolerance``;
+      +-inf only where ``inf_ok`` (the declared chain may overflow there);
+    * ``expected`` +-inf: ``got`` that same infinity; the tolerance plays no part;
+    * ``expected`` NaN: only where ``nan_ok``, and then ``got`` NaN (ValueError elsewhere:
+      leave such positions out with ``where``);
+    * ``got`` NaN is accepted only where ``nan_ok``.
+
+    ``tolerance`` must be >= 0 (inf allowed) wherever compared: a NaN one would accept anything
+    (ValueError naming ``name``).
+    """
+    got = np.asarray(got, dtype=np.float64)
+    expected = np.asarray(expected, dtype=np.float64)
+    shape = np.broadcast_shapes(got.shape, expected.shape)
+    where = np.broadcast_to(np.asarray(where, dtype=bool), shape)
+    nan_ok = np.broadcast_to(np.asarray(nan_ok, dtype=bool), shape)
+    tolerance = _checked_bound(name, np.broadcast_to(tolerance, shape), where)
+    unexpected_nan = where & np.isnan(expected) & ~nan_ok
+    if unexpected_nan.any():
+        at = tuple(int(i) for i in np.argwhere(unexpected_nan)[0])
+        raise ValueError(
+            f"expected is NaN at {int(unexpected_nan.sum())} compared positions where NaN is "
+            f"not allowed, first at {at}: leave them out (where=) or allow NaN there (nan_ok=)"
+        )
+    finite = np.isfinite(expected)
+    lo = 0.0
+    if expected_lo is not None:
+        lo = np.asarray(expected_lo, dtype=np.float64)
+        lo = np.where(finite & np.isfinite(lo), lo, 0.0)
+    accepted = (
+        (finite & np.isfinite(got) & (_abs_error(got, expected, lo) <= tolerance))
+        | (finite & np.isinf(got) & inf_ok)
+        | (np.isinf(expected) & (got == expected))
+        | (np.isnan(got) & nan_ok)
+    )
+    return where & ~accepted
+
+
 def _abs_error(a: np.ndarray, hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
     """``|a - (hi + lo)|``; equal infinities give 0, a NaN gives inf."""
     with np.errstate(invalid="ignore"):
@@ -409,10 +474,9 @@ def _lse_errors(
             raise ValueError(f"{name} shape {x.shape} must equal [B, Hq, Sq]={row_mask.shape}")
     evaluated = row_mask & ~np.isnan(ref)
     err = _abs_error(act, ref, np.zeros(ref.shape))
-    mismatch = (err > 0) & ~(np.isfinite(act) & np.isfinite(ref))
-    if lse_bound is not None:
-        if np.shape(lse_bound) != ref.shape:
-            raise ValueError(f"lse_bound shape {np.shape(lse_bound)} must be {ref.shape}")
-        mismatch |= err > _checked_bound("lse_bound", lse_bound, evaluated)
+    if lse_bound is not None and np.shape(lse_bound) != ref.shape:
+        raise ValueError(f"lse_bound shape {np.shape(lse_bound)} must be {ref.shape}")
+    tolerance = np.inf if lse_bound is None else lse_bound  # None: non-finite disagreements only
+    mismatch = outside_tolerance(act, ref, tolerance, where=evaluated, name="lse_bound")
     max_abs = float(err[evaluated].max()) if evaluated.any() else 0.0
-    return max_abs, int((mismatch & evaluated).sum())
+    return max_abs, int(mismatch.sum())
