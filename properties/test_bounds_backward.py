@@ -357,6 +357,30 @@ def test_common_key_shift_grows_a_correct_chains_dq_error() -> None:
     assert bound_fractions(got, exact, bounds)["dq"].max() <= 1
 
 
+def test_ds_rounding_times_a_key_shift_does_not_cancel() -> None:
+    """Equal scores over 64 keys moved by +-64, so dq = 0 exactly; dS = x on 3 of 4 keys and
+    -3x on the rest with x just below a bf16 rounding midpoint and 3x just above one, so every
+    16-bit dS rounds the same way and ``shift * sum_j (dS~ - dS)`` survives: the chain (fp32
+    forward, dS rounded to bf16) uses over half of the bound, whose dS rounding term must keep
+    ``|k_j|``: with ``|k_j - mean k|`` there (keys centred), this case exceeds it."""
+    n, D = 64, 16
+    q, do = np.zeros((1, 1, 1, D)), np.zeros((1, 1, 1, D))
+    k, v = np.zeros((1, n, 1, D)), np.zeros((1, n, 1, D))
+    q[..., -1], do[..., :2] = 1.0, 1.0  # no key has q's coordinate: equal scores
+    a = 2.0**-8 - 2.0**-12  # g = 1 + a just below the midpoint of 1 and 1 + 2^-7
+    heavy = np.arange(n) % 4 != 3
+    v[0, heavy, 0, :2], v[0, ~heavy, 0, :2] = (1.0, a), (-3.0, -3 * a)  # O = 0, D = 0
+    k[0, :, 0, :-1] = 64 * np.random.default_rng(0).choice([-1.0, 1.0], size=D - 1)
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    case = BackwardCase(AttentionCase(*(x.astype(bf16) for x in (q, k, v))), do.astype(bf16))
+    precision = BackwardPrecision(
+        forward=StreamingPrecision.flash_attention("float32"), ds_dtype="bfloat16"
+    )
+    got, exact, bounds = emulate(case, precision, 16)
+    assert np.all(exact.dq == 0)
+    assert 0.5 < bound_fractions(got, exact, bounds)["dq"].max() <= 1
+
+
 DQ_16_BIT = "dQ[rows] = round_to(dQ[rows] + dS_mma @ K, fwd.dtype)"  # after each K block's add
 
 
