@@ -9,9 +9,12 @@ probability, ``g = dO_i . v_j``, ``D' = dO_i . O_i - dlse_i``, ``r = |g - D'|``,
 elementwise/accumulator dtype, ``u_m`` its MMA's (``mma_unit_roundoff`` for float32: tensor
 cores truncate), ``eps`` exp2's relative error, ``f`` the flush-to-zero threshold::
 
-    dt   = (1 + u) [c gamma_D(u_m) (1 + u) sum|q k| + u c|s| + 2u |LSE2| + log2(e) beta_L (1 + 2u)]
-           + u |t|                              (t = c s - LSE2, the exp2 argument)
-    w    = P expm1(ln2 dt + 2 eps) + f          >= |P^ - P|   (P recomputed from the saved LSE)
+    a    = u c |m| + 2u |LSE2| + log2(e) beta_L (1 + 2u)     (common to the row; m its max s)
+    b    = (1 + u) [c gamma_D(u_m) (1 + u) sum|q k| + u c |s - m|] + u a + u |t|
+                                                (t = c s - LSE2, the exp2 argument)
+    P^ - P = alpha_i P + pi                     (P recomputed from the saved LSE)
+    omega = expm1(ln2 a) >= |alpha_i|,   w_pi = P (1 + omega) expm1(ln2 b + 2 eps) + f >= |pi|
+    w    = omega P + w_pi                       >= |P^ - P|
     wP   = w + u_P (P + w) + sigma_P / 2        >= |P rounded for dV - P|
     e_g  = gamma_Dv(u_m) sum|dO v|              >= |dP^ - g|
     e_D  = (1 + u) [sum|dO| beta_O + gamma_Dv(u) sum|dO| (|O| + beta_O)] + u |D'|
@@ -22,9 +25,14 @@ cores truncate), ``eps`` exp2's relative error, ``f`` the flush-to-zero threshol
 then, with ``N`` the products each element sums (``Sk`` for dq, ``group * Sq`` for dk/dv; any
 summation order or blocking is a summation tree of them, so ``gamma_N`` covers atomic adds)::
 
-    dq: A = sum_j x |k_j| + gamma_N(u_m) sum_j (P r + x) |k_j|,  M = sum_j P r |k_j|
+    dq: A = omega |sum_j dS k_j| + e_D (|sum_j P k_j| + sum_j w |k_j|) + sum_j x' |k_j|
+            + gamma_N(u_m) sum_j (P r + x) |k_j|,  M = sum_j P r |k_j|
+        (x' is x without omega P r and (P + w) e_D: alpha_i dS and the D error delta_i P have
+        a factor common to the row, so dq sums them over the row first, in float64 with the
+        2^-30 allowance on the magnitudes they cancel; the rest has no such factor)
         |dq^ - dq| <= scale [A (1 + u)^2 + M (2u + u^2)]     (the scale multiply in the accumulator)
-    dk: the same over i with |q_i| (and every query head of the group)
+    dk: sum_i x |q_i| + gamma_N(u_m) sum_i (P r + x) |q_i| in place of A (and every query head
+        of the group): dS's columns do not sum to zero, so no term cancels
     dv: sum_i wP |dO_i| + gamma_N(u_m) sum_i (P + wP) |dO_i|
 
 with ``ds_scaled`` (dS multiplied by the scale before its 16-bit rounding) the same holds with
