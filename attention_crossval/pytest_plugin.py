@@ -33,6 +33,8 @@ MARKERS = {
     "kernel": "checks the kernel under test (--kernel); carries cpu or gpu by the kernel's device",
     "blackwell": "needs an SM100 (Blackwell) GPU; skipped elsewhere",
     "slow": "long-running checks (thorough runs)",
+    "backward": "checks the backward pass (dq, dk, dv); set on this package's backward test "
+    "modules (properties/*backward*.py) by the plugin: -m backward runs them alone",
 }
 
 _SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large]
@@ -186,8 +188,12 @@ def _is_blackwell() -> bool:
     return torch.cuda.get_device_capability()[0] == 10
 
 
+@pytest.hookimpl(tryfirst=True)  # the backward marker is set before -m deselects
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     ours = [item for item in items if _is_ours(item)]
+    for item in ours:
+        if item.path.parent == _tests_dir() and "backward" in item.path.stem:
+            item.add_marker(pytest.mark.backward)
     unmarked = [
         item.nodeid for item in ours if not ({"cpu", "gpu"} & {m.name for m in item.iter_markers()})
     ]

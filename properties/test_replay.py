@@ -161,3 +161,19 @@ def test_a_suite_failure_is_compact_and_its_command_replays_it(
     )
     assert again.returncode == 1, again.stdout + again.stderr
     assert f"FAIL: {check}" in again.stdout
+
+
+def test_backward_marker_selects_the_backward_modules_alone() -> None:
+    """``-m backward`` keeps this package's backward test modules and drops the others."""
+    files = ["properties/test_exact_backward.py", "properties/test_compare.py"]
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q"]
+        + ["-m", "backward", *files],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    collected = [line for line in done.stdout.splitlines() if "::" in line]
+    assert collected and all(line.startswith(files[0]) for line in collected), done.stdout
