@@ -36,6 +36,8 @@ from attention_crossval.reference.gradients import BackwardCase
 from attention_crossval.reference.precision import StreamingPrecision
 from attention_crossval.reference.streaming import streaming_attention
 
+KERNEL_FIELD = "kernel"  # the .npz field holding the --kernel spelling a case was saved for
+
 
 def case_directory() -> Path:
     """Where failing cases are written (``$ATTENTION_REPORT_DIR`` or a temp folder)."""
@@ -74,20 +76,15 @@ def save_case(
 def saved_for(path: Path) -> tuple[str, str | None]:
     """``(pass, kernel)`` of a saved case: "backward" when the file holds dO, else "forward";
     the kernel it was saved for, or None. ValueError naming the file if it is not an .npz."""
-    if not path.is_file():
-        raise ValueError(f"{path} must be an existing .npz file written by AttentionCase.save")
+    _require_file(path)
     try:
         with path.open("rb") as stream, np.load(stream) as data:
             kernel = str(data[KERNEL_FIELD]) if KERNEL_FIELD in data.files else None
             return ("backward" if "do" in data.files else "forward"), kernel
     except _NOT_A_CASE as error:
-        reason = str(error).splitlines()[0] if str(error) else ""
-        raise ValueError(
-            f"{path} is not a case written by AttentionCase.save ({type(error).__name__}: {reason})"
-        ) from None
+        raise _not_a_case(path, error) from None
 
 
-KERNEL_FIELD = "kernel"  # the .npz field holding the --kernel spelling a case was saved for
 CASES_PER_TEST = 5
 _saved: dict[str, list[Path]] = {}
 
@@ -196,16 +193,25 @@ MAX_BLOCK = 1 << 16  # --block-m / --block-n: larger tiles than any kernel's
 
 def load_case(path: Path) -> AttentionCase:
     """``AttentionCase.load(path)``, or ValueError naming the file and why it is not a case."""
-    if not path.is_file():
-        raise ValueError(f"{path} must be an existing .npz file written by AttentionCase.save")
+    _require_file(path)
     try:
         with path.open("rb") as stream:  # closed here when np.load fails half-way
             return AttentionCase.load(stream)
     except _NOT_A_CASE as error:
-        reason = str(error).splitlines()[0] if str(error) else ""
-        raise ValueError(
-            f"{path} is not a case written by AttentionCase.save ({type(error).__name__}: {reason})"
-        ) from None
+        raise _not_a_case(path, error) from None
+
+
+def _require_file(path: Path) -> None:
+    if not path.is_file():
+        raise ValueError(f"{path} must be an existing .npz file written by AttentionCase.save")
+
+
+def _not_a_case(path: Path, error: Exception) -> ValueError:
+    """The one-line refusal of a file that did not read as a saved case."""
+    reason = str(error).splitlines()[0] if str(error) else ""
+    return ValueError(
+        f"{path} is not a case written by AttentionCase.save ({type(error).__name__}: {reason})"
+    )
 
 
 def _positive(maximum: int) -> Callable[[str], int]:

@@ -154,3 +154,13 @@ def test_html_first_screen_shows_the_worst_error_to_bound(broken_report: Path) -
     assert first_screen_shows_worst(result), result["first_screen"]
     assert fmt(_worst_forward(report, NO_MASK)) in result["first_screen"]
     assert result["loaded"] == result["total"] >= 3
+
+
+def test_worst_case_histograms_show_non_finite_errors() -> None:
+    """A kernel whose every error is infinite (NaN output) has no finite bin: its worst-case
+    panel was empty; those errors now fill the last bin, past the bound."""
+    pytest.importorskip("matplotlib")
+    from attention_crossval.report.plots import _shares
+
+    record = {"histogram": {"counts": [0, 0, 0], "infinite": 6, "zeros": 2}}
+    assert list(_shares(record)) == [0.0, 0.0, 1.0]
