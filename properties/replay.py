@@ -288,10 +288,13 @@ def main(argv: list[str] | None = None) -> int:
         help="check the reference tiers on the case's forward pass; no kernel runs",
     )
     block = _positive(MAX_BLOCK)
-    parser.add_argument("--block-m", type=block, default=None, help="default: the case's tile_n")
-    parser.add_argument("--block-n", type=block, default=None, help="default: the case's tile_n")
+    tiles = "reference tiers: default the case's tile_n"
+    parser.add_argument("--block-m", type=block, default=None, help=tiles)
+    parser.add_argument("--block-n", type=block, default=None, help=tiles)
     rows = _positive(MAX_ELEMENTS)
-    parser.add_argument("--rows", type=rows, default=None, help="exact tier on N sampled rows")
+    parser.add_argument(
+        "--rows", type=rows, default=None, help="reference tiers: exact tier on N sampled rows"
+    )
     args = parser.parse_args(argv)
     try:
         which, saved_kernel = saved_for(args.case)
