@@ -48,6 +48,7 @@ from attention_crossval.kernel.isolation import (
     private_copy,
 )
 from attention_crossval.kernel.references import reference_findings
+from attention_crossval.kernel.saved_cases import kernel_spelling, store_kernel
 from attention_crossval.kernel.spec import KernelAdapter, KernelSpec
 from attention_crossval.kernel.verdict import CHECKS, CheckFailed, Finding, Verdict
 from attention_crossval.reference.case import AttentionCase, AttentionResult
@@ -180,6 +181,9 @@ def run_case(
         findings = with_cause_hints(case, raw, findings)
     if findings and finding_dir is not None:
         path = _save(case, spec.name, findings[0].check, finding_dir)
+        kernel = kernel_spelling(isolated.kernel if isolated else None, spec.name)
+        if kernel is not None:  # for replay to rerun
+            store_kernel(path, kernel)
         findings = [Finding(f.check, f.message, str(path)) for f in findings]
     return Verdict(
         spec.name,

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from attention_crossval.kernel.saved_cases import KERNEL_FIELD, store_kernel
 from attention_crossval.reference.bounds import error_bound
 from attention_crossval.reference.case import MAX_ELEMENTS, AttentionCase
 from attention_crossval.reference.compare import compare
@@ -35,8 +36,6 @@ from attention_crossval.reference.exact import exact_attention, sample_rows
 from attention_crossval.reference.gradients import BackwardCase
 from attention_crossval.reference.precision import StreamingPrecision
 from attention_crossval.reference.streaming import streaming_attention
-
-KERNEL_FIELD = "kernel"  # the .npz field holding the --kernel spelling a case was saved for
 
 
 def case_directory() -> Path:
@@ -66,11 +65,7 @@ def save_case(
             digest.update(array.tobytes())
     kind = "backward-" if isinstance(case, BackwardCase) else ""
     path = case.save(directory / f"case-{kind}{digest.hexdigest()[:16]}.npz")
-    if kernel is not None:
-        with np.load(path) as data:
-            fields = dict(data)
-        np.savez_compressed(path, **fields, **{KERNEL_FIELD: np.array(kernel)})
-    return path
+    return path if kernel is None else store_kernel(path, kernel)
 
 
 def saved_for(path: Path) -> tuple[str, str | None]:

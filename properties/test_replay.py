@@ -16,7 +16,7 @@ import pytest
 
 from attention_crossval.kernel.broken.cpu_mistakes import MistakenAdapter
 from attention_crossval.kernel.cause_hints import cause_hint
-from attention_crossval.kernel.harness import run_case
+from attention_crossval.kernel.harness import IsolatedKernel, run_case
 from attention_crossval.kernel.references import float64_reference
 from attention_crossval.properties import replay
 from attention_crossval.reference.case import AttentionCase, AttentionResult, Mask
@@ -76,6 +76,20 @@ def test_replay_of_a_backward_case_reruns_the_backward_pass(tmp_path, capsys) ->
     assert "backward pass of kernel" in out and "FAIL: dq-bound" in out
     assert replay.main([str(path), "--references-only"]) == 0
     assert "reference tiers of the forward pass" in capsys.readouterr().out
+
+
+def test_a_case_the_harness_saves_names_its_kernel(tmp_path, capsys) -> None:
+    """``run_case(finding_dir=...)`` (the report's and benchmarks' saves) stores the worker's
+    ``--kernel`` spelling too, so the saved case replays that kernel."""
+    worker = IsolatedKernel(f"{MISTAKES}:no_causal_mask", timeout_s=60.0)
+    try:
+        verdict = run_case(worker, _causal_case(), exact_rows=1, finding_dir=tmp_path)
+    finally:
+        worker.close()
+    path = Path(verdict.findings[0].case_path)
+    assert replay.saved_for(path) == ("forward", f"{MISTAKES}:no_causal_mask")
+    assert replay.main([str(path)]) == 1
+    assert "FAIL: empty-rows" in capsys.readouterr().out
 
 
 def test_replay_refuses_a_kernel_that_cannot_load(tmp_path, capsys) -> None:
