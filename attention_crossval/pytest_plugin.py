@@ -39,6 +39,8 @@ MARKERS = {
     "kernel": "checks the kernel under test (--kernel); carries cpu or gpu by the kernel's device",
     "blackwell": "needs an SM100 (Blackwell) GPU; skipped elsewhere",
     "slow": "long-running checks (thorough runs)",
+    "backward": "checks the backward pass (dq, dk, dv); set on this package's backward test "
+    "modules (properties/*backward*.py) by the plugin: -m backward runs them alone",
 }
 
 PROFILE_PREFIX = "attention_crossval."
@@ -237,6 +239,13 @@ def _is_blackwell() -> bool:
     import torch
 
     return torch.cuda.get_device_capability()[0] == 10
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """This package's backward tests carry the ``backward`` marker (``-m backward``), set as each
+    is collected, before ``-m`` deselects."""
+    if item.path.parent == _tests_dir() and "backward" in item.path.stem:
+        item.add_marker(pytest.mark.backward)
 
 
 @pytest.hookimpl(trylast=True)  # after -m/-k deselection: only the tests that will run

@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from attention_crossval.kernel.cause_hints import with_cause_hints
 from attention_crossval.kernel.hidden_nan import hidden_nan_findings
 from attention_crossval.kernel.isolation import (
     Declined,
@@ -48,6 +49,7 @@ from attention_crossval.kernel.isolation import (
     private_copy,
 )
 from attention_crossval.kernel.references import reference_findings
+from attention_crossval.kernel.saved_cases import kernel_spelling, store_kernel
 from attention_crossval.kernel.spec import KernelAdapter, KernelSpec
 from attention_crossval.kernel.verdict import CHECKS, CheckFailed, Finding, Verdict
 from attention_crossval.reference.case import AttentionCase, AttentionResult
@@ -154,8 +156,10 @@ def run_case(
         # the caller's case (the references are computed from it) or the next run's
         return execute(adapter, private_copy(which), prefill)
 
+    raw = None  # the kernel's last result, untranslated: what the cause hints read
     try:
         runs = [call(poisoned, "nan" if i == 0 else "zero") for i in range(repeats)]
+        raw = runs[-1].result
         findings, declared, result = _shape_findings(case, runs), [], None
         if not findings:
             findings, declared, result = _analyse(
@@ -176,8 +180,13 @@ def run_case(
         return Verdict(spec.name, case.describe(), skipped=f"declined by the kernel: {declined}")
     if compare and result is not None and not any(f.check in _BLOCKING for f in findings):
         findings += reference_findings(case, result, spec, exact_rows=exact_rows)
+    if findings and result is not None and raw is not None:
+        findings = with_cause_hints(case, raw, findings)
     if findings and finding_dir is not None:
         path = _save(case, spec.name, findings[0].check, finding_dir)
+        kernel = kernel_spelling(isolated.kernel if isolated else None, spec.name)
+        if kernel is not None:  # for replay to rerun
+            store_kernel(path, kernel)
         findings = [Finding(f.check, f.message, str(path)) for f in findings]
     return Verdict(
         spec.name,

@@ -42,6 +42,7 @@ from attention_crossval.kernel.isolation import (
     watch_inputs,
 )
 from attention_crossval.kernel.references_backward import GRADIENTS, BackwardReferences
+from attention_crossval.kernel.saved_cases import kernel_spelling, store_kernel
 from attention_crossval.kernel.spec import BackwardKernelAdapter, KernelAdapter, KernelSpec
 from attention_crossval.kernel.verdict import Finding, Verdict
 from attention_crossval.reference.compare import outside_tolerance
@@ -210,6 +211,9 @@ def run_backward_case(
         findings += bound_findings(refs, spec, tested)
     if findings and finding_dir is not None:
         path = _save(case, spec.name, findings[0].check, finding_dir)
+        kernel = kernel_spelling(isolated.kernel if isolated else None, spec.name)
+        if kernel is not None:  # for replay to rerun
+            store_kernel(path, kernel)
         findings = [Finding(f.check, f.message, str(path)) for f in findings]
     return BackwardVerdict(
         spec.name,

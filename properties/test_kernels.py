@@ -126,7 +126,7 @@ def _run_property(
             return
         xfail_if_known(verdict, adapter.spec, case)  # inside Hypothesis: the example is rejected
         ran.append(case)
-        with reproducer_on_failure(case):
+        with reproducer_on_failure(case, kernel=kernel):
             verdict.raise_for()
 
     derived = kernel_seed(config, kernel)

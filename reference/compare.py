@@ -14,6 +14,11 @@ Metrics over the *evaluated* elements (reference not NaN, ``ExactResult.rows`` a
   dtype (a double-double tie is resolved by the sign of ``o_lo``) and ``ulp(r)`` the spacing of
   the output dtype in ``r``'s binade (the subnormal spacing below the normal range). A correctly
   rounded kernel scores 0.
+* near zero: with a finite bound, elements whose reference lies within it of zero
+  (``|exact| < bound``): the ulp of a value that may as well be 0 measures nothing (the
+  subnormal spacing made errors read as 1e40 ulp), so ``max_ulp`` / ``p99_ulp`` leave them out
+  (unless the actual value is non-finite), as does ``max_rel``, and ``near_zero_max_abs`` /
+  ``near_zero_max_bound_fraction`` give their absolute error against the bound instead.
 * ``bound fraction``: ``abs / bound`` (0 / 0 = 0, x / 0 = inf).
 * mismatched: ``abs > bound``, a non-finite actual where the reference is finite, or an
   infinite reference not matched by the same infinity (a NaN always mismatches, even with
@@ -77,16 +82,25 @@ class ErrorReport:
     total: int
     passed: bool
     vacuous: int = 0
+    near_zero: int = 0
+    near_zero_max_abs: float | None = None
+    near_zero_max_bound_fraction: float | None = None
 
     def summary(self) -> str:
         """One line: verdict, mismatches, worst element, ulps, LSE."""
         verdict = "PASS" if self.passed else "FAIL"
         pct = 100.0 * self.mismatched / self.total if self.total else 0.0
-        parts = [
-            f"{verdict} {self.mismatched}/{self.total} ({pct:.3g}%) mismatched",
-            f"max |err| {self.max_abs:.3g}, max rel {self.max_rel:.3g}",
-            f"max {self.max_ulp:.3g} ulp / p99 {self.p99_ulp:.3g} ulp ({self.output_dtype})",
-        ]
+        parts = [f"{verdict} {self.mismatched}/{self.total} ({pct:.3g}%) mismatched"]
+        if self.near_zero < self.total or self.nonfinite:
+            parts += [
+                f"max |err| {self.max_abs:.3g}, max rel {self.max_rel:.3g}",
+                f"max {self.max_ulp:.3g} ulp / p99 {self.p99_ulp:.3g} ulp ({self.output_dtype})",
+            ]
+        if self.near_zero:
+            parts.append(
+                f"near-zero references {self.near_zero} (no ulps there): max |err| "
+                f"{self.near_zero_max_abs:.3g} = {self.near_zero_max_bound_fraction:.3g} x bound"
+            )
         if self.max_bound_fraction is not None:
             parts.append(f"max {self.max_bound_fraction:.3g} x bound")
         if self.worst_index is not None:
@@ -166,6 +180,11 @@ def compare(
         fraction = np.where(admitted, 0.0, fraction)  # an admitted overflow
         score = fraction
     vacuous = _vacuous(bound, v_range, shape) & evaluated
+    near_zero = np.zeros(shape, dtype=bool)
+    if bound is not None:
+        with np.errstate(invalid="ignore"):
+            near_zero = evaluated & np.isfinite(bound) & (np.abs(hi + lo) < bound)
+    in_ulps = evaluated & (~near_zero | ~np.isfinite(a))
 
     total = int(evaluated.sum())
     lse_max_abs, lse_mismatched = _lse_errors(actual, reference, row_mask, lse_bound)
@@ -195,9 +214,9 @@ def compare(
     return ErrorReport(
         output_dtype=output_dtype,
         max_abs=float(err[evaluated].max()),
-        max_rel=float(rel[evaluated].max()),
-        max_ulp=float(ulp[evaluated].max()),
-        p99_ulp=float(np.quantile(ulp[evaluated], 0.99, method="higher")),
+        max_rel=float(rel[in_ulps].max(initial=0.0)),
+        max_ulp=float(ulp[in_ulps].max(initial=0.0)),
+        p99_ulp=float(np.quantile(ulp[in_ulps], 0.99, method="higher")) if in_ulps.any() else 0.0,
         max_bound_fraction=None if fraction is None else float(fraction[evaluated].max()),
         worst_index=worst,
         worst_actual=float(a[worst]),
@@ -212,6 +231,11 @@ def compare(
         total=total,
         passed=mismatched == 0 and lse_mismatched == 0,
         vacuous=int(vacuous.sum()),
+        near_zero=int(near_zero.sum()),
+        near_zero_max_abs=float(err[near_zero].max()) if near_zero.any() else None,
+        near_zero_max_bound_fraction=(
+            float(fraction[near_zero].max()) if near_zero.any() else None
+        ),
     )
 
 
@@ -253,10 +277,12 @@ def failure_message(
     if report.worst_index is not None:
         fraction = report.max_bound_fraction
         times = "" if fraction is None else f" = {fraction:.3g} x bound"
+        ulps = f" = {report.worst_ulp:.3g} ulp({report.output_dtype})"
+        if report.worst_bound is not None and abs(report.worst_reference) < report.worst_bound:
+            ulps = " (near-zero reference: no ulps)"
         lines.append(
-            f"worst at (b, i, h, c) = {report.worst_index}: error "
-            f"{report.worst_abs:.3g}"
-            f" = {report.worst_ulp:.3g} ulp({report.output_dtype}){times}"
+            f"worst at (b, i, h, c) = {report.worst_index}: error {report.worst_abs:.3g}{ulps}"
+            f"{times}"
         )
         values = f"kernel {report.worst_actual!r} | reference {report.worst_reference!r}"
         if report.worst_bound is not None:

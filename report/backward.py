@@ -144,7 +144,8 @@ BACKWARD_COLUMNS = (
 BACKWARD_LEGEND = """\
 Backward pass: dq, dk, dv of a gaussian dO. err/bound is the largest |error| / derived bound
 over kernel vs exact (sampled rows and keys) and kernel vs float64 (every element), <= 1
-passes; ulps are of the declared backward chain's output dtype. Triage per gradient: none (all
+passes; ulps are of the declared backward chain's output dtype, at references farther from
+zero than their bound (near-zero ones have err/bound only). Triage per gradient: none (all
 within), kernel (the kernel is off while the streaming emulation is within: implementation bug),
 chain (the emulation is off too: precision chain or bound). determ.: bitwise, or how many
 elements differed between runs (required only of a kernel declaring a deterministic backward).
@@ -159,8 +160,10 @@ def backward_cells(record: dict) -> list[str]:
     verdict = section["verdict"].upper() if section["verdict"] == "fail" else section["verdict"]
     verdict = f"{verdict} ({', '.join(checks)})" if checks else verdict
     if section["status"] != "ok":
-        message = (section.get("message") or "").replace("|", "/").replace("\n", " ")
-        return [config, kernel, verdict, message[:120]] + [""] * (len(BACKWARD_COLUMNS) - 4)
+        from attention_crossval.report.summary import first_line  # the full text: below
+
+        message = first_line(section.get("message"))
+        return [config, kernel, verdict, message] + [""] * (len(BACKWARD_COLUMNS) - 4)
     pairs = {g: section["gradients"][g] for g in GRADIENTS}
     kernel_pairs = ("kernel_vs_exact", "kernel_vs_float64")
 
