@@ -17,8 +17,8 @@ decode) and draw lengths to 8 K blocks. A failure prints one compact summary (ch
 element, shape, mask, distribution, the saved ``.npz`` and its replay command), never the
 arrays; cases are seeded per kernel and test from the run's seed (``stream_seed``: the free
 test by the kernel's name, each sweep pair, feature and other file's free run by its own
-stream, so no two tests draw the same cases). In the two sweeps a case whose every failure is a known finding counts as
-run; the free test rejects it and draws another (``_run_property``).
+stream, so no two tests draw the same cases). In the sweeps a case whose every failure is a
+known finding counts as run; the free test rejects it and draws another (``_run_property``).
 """
 
 from __future__ import annotations
