@@ -321,10 +321,10 @@ def _features(
     if unusable or len(required & set(BASES)) > 1:
         raise ValueError(
             f"required_features={sorted(required)}: at most one of {list(BASES)}, which need "
-            "the default dtypes and head dims, 'causal' in mask_kinds, no required mask kinds "
-            "beyond causal (and varlen for varlen_batch) and long_decode a distribution "
-            "without key padding; varlen_batch needs 'varlen' and hidden a window or explicit "
-            f"mask in mask_kinds (not usable: {unusable})"
+            "the default dtypes and head dims and no required mask kinds beyond causal (and "
+            "varlen for varlen_batch), long_decode a distribution without key padding; "
+            "varlen_batch needs 'varlen' and hidden a window or explicit mask in mask_kinds "
+            f"(not usable: {unusable})"
         )
     allowed = tuple(f for f in allowed if masked.get(f, True) and (f not in BASES or f in bases))
     return allowed, required
