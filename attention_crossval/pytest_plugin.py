@@ -7,6 +7,7 @@ hooks, so ``pytest -m cpu`` collects on a machine with neither.
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import functools
 import hashlib
@@ -23,6 +24,8 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, Phase, Verbosity, settings  # noqa: E402
+
+from attention_crossval.kernel.isolation import DEFAULT_TIMEOUT_S, check_timeout  # noqa: E402
 
 # gpu_workers: one GPU per xdist worker; coverage: shape x mask x distribution x dtype tally
 pytest_plugins = ["attention_crossval.kernel.gpu_workers", "attention_crossval.properties.coverage"]
@@ -101,11 +104,32 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--list-kernels`) or a dotted path package.module:attr; repeatable",
     )
     group.addoption(
+        "--kernel-timeout",
+        type=_kernel_timeout,
+        default=DEFAULT_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"seconds per kernel call in its worker process (default {DEFAULT_TIMEOUT_S:g}), "
+        "as attention-report's --kernel-timeout: a call past it is a timeout finding and the "
+        "worker is killed",
+    )
+    group.addoption(
         "--report-dir",
         default=None,
         metavar="DIR",
         help="write failing cases (.npz) and per-test error reports here",
     )
+
+
+def _kernel_timeout(text: str) -> float:
+    """``--kernel-timeout``'s value, under the isolation's own rule for a time limit."""
+    try:
+        value: object = float(text)
+    except ValueError:
+        value = text  # not a number: check_timeout names the rule
+    try:
+        return check_timeout("--kernel-timeout", value)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 @pytest.hookimpl(tryfirst=True)  # before Hypothesis' own hook reads --hypothesis-seed

@@ -37,6 +37,7 @@ from attention_crossval.reference.case import AttentionCase, AttentionResult
 from attention_crossval.reference.gradients import BackwardCase, Gradients
 
 MAX_TIMEOUT_S = 86_400.0  # one day: longer waits overflow the pipe's poll
+DEFAULT_TIMEOUT_S = 300.0  # per call: ``--kernel-timeout`` of the report and of the pytest route
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _PARENT_POLL_S = 1.0
 # Error messages after which a worker is replaced: its CUDA context or heap may be corrupt.
@@ -164,6 +165,9 @@ def _die_with_parent(parent_pid: int) -> None:
 def _worker_main(kernel: str, conn: Any, parent_pid: int) -> None:
     """Worker loop: resolve the kernel once, send its declaration, then answer run messages."""
     _die_with_parent(parent_pid)
+    # Ctrl-C in a terminal reaches the whole process group: the caller alone handles it (and
+    # ends this worker), so a KeyboardInterrupt seen here can only come from the kernel.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     from attention_crossval.kernel.harness import applied_checks
     from attention_crossval.kernel.harness_backward import backward_checks
     from attention_crossval.kernel.registry import resolve
@@ -195,6 +199,9 @@ def _worker_main(kernel: str, conn: Any, parent_pid: int) -> None:
             conn.send(("ok", _plain(run.result), run.writes, run.input_writes))
         except Declined as declined:
             conn.send(("declined", str(declined), "", False))
+        except KeyboardInterrupt as interrupt:  # raised by the kernel itself (SIGINT is ignored)
+            text = f"kernel raised KeyboardInterrupt{f': {interrupt}' if str(interrupt) else ''}"
+            conn.send(("error", text, traceback.format_exc(limit=4), False))
         except Exception as error:  # noqa: BLE001 - any kernel error is a finding, reported back
             text = f"{type(error).__name__}: {error}"
             restart = isinstance(error, MemoryError) or any(
@@ -222,7 +229,7 @@ class IsolatedKernel:
     """
 
     kernel: str
-    timeout_s: float = 300.0
+    timeout_s: float = DEFAULT_TIMEOUT_S
     start_timeout_s: float = 600.0
     _process: Any = field(default=None, repr=False)
     _conn: Any = field(default=None, repr=False)
@@ -236,13 +243,7 @@ class IsolatedKernel:
 
         factory_path(self.kernel)  # a malformed name is refused before any process starts
         for name in ("timeout_s", "start_timeout_s"):
-            value = getattr(self, name)
-            number = isinstance(value, (int, float)) and not isinstance(value, bool)
-            if not number or not 0 < value <= MAX_TIMEOUT_S:
-                raise ValueError(
-                    f"{name}={reprlib.repr(value)} must be a number of seconds > 0 and "
-                    f"<= {MAX_TIMEOUT_S:g}"
-                )
+            check_timeout(name, getattr(self, name))
 
     @property
     def spec(self) -> KernelSpec:
@@ -364,6 +365,17 @@ class IsolatedKernel:
         self._conn.close()
         self._process = self._conn = None
         self._handshake_pending = False
+
+
+def check_timeout(name: str, value: object) -> float:
+    """``value`` as a time limit in seconds; ValueError naming ``name`` unless it is a number
+    in (0, :data:`MAX_TIMEOUT_S`] (NaN and inf excluded)."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not number or not 0 < value <= MAX_TIMEOUT_S:
+        raise ValueError(
+            f"{name}={reprlib.repr(value)} must be a number of seconds > 0 and <= {MAX_TIMEOUT_S:g}"
+        )
+    return float(value)
 
 
 def _exit_reason(code: int | None) -> str:
