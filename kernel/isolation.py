@@ -1,4 +1,4 @@
-"""A kernel in a spawned worker process: a crash, hang or CUDA error ends the worker, not the run.
+"""A kernel in a worker process: a crash, hang or CUDA error ends the worker, not the run.
 
 The worker resolves the kernel (imports the user's module and calls the factory there, so a
 factory that crashes or hangs cannot take the caller down), then says ``("ready", spec, checks)``:
@@ -8,9 +8,12 @@ the caller learns the declaration without running user code. It then answers
 ``timeout_s`` measures the kernel alone: a slow start under load is never misreported as a
 hang.
 
-The worker dies with its parent (``PR_SET_PDEATHSIG`` on Linux, plus a thread that polls the
-parent pid everywhere), so killing the caller never leaves a busy worker behind. After a
-``MemoryError`` or a CUDA error the worker is replaced: its heap or context may be unusable.
+Workers are forked from a fork server that imported the harness once (``_worker_context``),
+so replacing a dead worker costs a fork, not a new interpreter importing NumPy and the harness;
+each gets the caller's environment as it is at the start. The worker dies with its caller
+(``PR_SET_PDEATHSIG`` on Linux, for the fork server as for the worker, plus a thread that
+polls the caller's pid everywhere), so killing the caller never leaves a busy worker behind. After
+a ``MemoryError`` or a CUDA error the worker is replaced: its heap or context may be unusable.
 """
 
 from __future__ import annotations
@@ -40,6 +43,14 @@ MAX_TIMEOUT_S = 86_400.0  # one day: longer waits overflow the pipe's poll
 DEFAULT_TIMEOUT_S = 300.0  # per call: ``--kernel-timeout`` of the report and of the pytest route
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _PARENT_POLL_S = 1.0
+# What the workers' fork server imports once: first the module that makes it die with its
+# caller, then the worker loop's own imports.
+_PRELOADED = (
+    "attention_crossval.kernel.worker_server",
+    "attention_crossval.kernel.harness",
+    "attention_crossval.kernel.harness_backward",
+    "attention_crossval.kernel.registry",
+)
 # Error messages after which a worker is replaced: its CUDA context or heap may be corrupt.
 _RESTART_WORDS = ("cuda", "illegal", "device-side", "launch")
 
@@ -145,26 +156,48 @@ def _changed(name: str, before: np.ndarray, after: np.ndarray) -> str | None:
     return f"{name}: {int(differ.sum())} elements written by the kernel; first at {list(index)}"
 
 
-def _die_with_parent(parent_pid: int) -> None:
-    """End this worker when ``parent_pid`` ends: the kernel (Linux ``PR_SET_PDEATHSIG``), and a
-    thread polling the parent pid for everything else (and for a parent gone before prctl)."""
+def die_with_parent_process() -> None:
+    """Linux: ask the kernel for ``SIGKILL`` when this process's parent exits (more exactly:
+    the parent's thread that started it), even if this one hangs in native code."""
     if sys.platform.startswith("linux"):
         try:
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
         except (OSError, AttributeError):
             pass  # no libc prctl: the polling thread still ends the worker
 
+
+def _die_with_caller(caller_pid: int) -> None:
+    """End this worker when its caller ends. Its parent is the caller (spawn) or the caller's
+    fork server, which itself dies with the caller (:mod:`kernel.worker_server`): the kernel
+    ends the worker when that parent ends (:func:`die_with_parent_process`), and a thread
+    polling the parent and the caller does everywhere (and covers a caller gone before prctl)."""
+    die_with_parent_process()
+    parent_pid = os.getppid()
+
     def watch() -> None:
-        while os.getppid() == parent_pid:
+        while os.getppid() == parent_pid and _alive(caller_pid):
             time.sleep(_PARENT_POLL_S)
         os._exit(1)
 
     threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
 
 
-def _worker_main(kernel: str, conn: Any, parent_pid: int) -> None:
-    """Worker loop: resolve the kernel once, send its declaration, then answer run messages."""
-    _die_with_parent(parent_pid)
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's (the pid was reused)
+        return True
+    return True
+
+
+def _worker_main(kernel: str, conn: Any, caller_pid: int, environment: dict[str, str]) -> None:
+    """Worker loop: resolve the kernel once, send its declaration, then answer run messages.
+    ``environment``: the caller's, as it is now (a fork server holds the one it started with)."""
+    os.environ.clear()
+    os.environ.update(environment)
+    _die_with_caller(caller_pid)
     # Ctrl-C in a terminal reaches the whole process group: the caller alone handles it (and
     # ends this worker), so a KeyboardInterrupt seen here can only come from the kernel.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -221,7 +254,7 @@ def _method(name: str) -> Callable[[Any, Any, str, Any], Run]:
 
 @dataclass
 class IsolatedKernel:
-    """A kernel living in a spawned worker process; restarted after a crash, hang, CUDA error or
+    """A kernel living in a worker process; restarted after a crash, hang, CUDA error or
     MemoryError. It is itself an adapter (``spec``, ``checks``, ``__call__``), learned from the
     worker's handshake.
 
@@ -319,10 +352,12 @@ class IsolatedKernel:
             raise KernelCrashed("crash", f"worker process died ({_exit_reason(code)})") from None
 
     def _spawn(self) -> None:
-        context = multiprocessing.get_context("spawn")
+        context = _worker_context()
         parent, child = context.Pipe()
         self._process = context.Process(
-            target=_worker_main, args=(self.kernel, child, os.getpid()), daemon=True
+            target=_worker_main,
+            args=(self.kernel, child, os.getpid(), dict(os.environ)),
+            daemon=True,
         )
         self._process.start()
         child.close()
@@ -365,6 +400,18 @@ class IsolatedKernel:
         self._conn.close()
         self._process = self._conn = None
         self._handshake_pending = False
+
+
+def _worker_context() -> multiprocessing.context.BaseContext:
+    """Where workers come from: a fork server that imported the harness once (a worker then
+    starts in a fork, without importing NumPy, ml_dtypes and the harness again: what makes a
+    restart after a crash cheap), else (no fork server on this platform) a fresh interpreter.
+    The server imports no kernel and touches no GPU, so each worker sets up CUDA afresh."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(list(_PRELOADED))
+    return context
 
 
 def check_timeout(name: str, value: object) -> float:
