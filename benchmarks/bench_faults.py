@@ -8,7 +8,7 @@ kernel of ``kernel/broken/cpu_exits.py`` it runs, in a fresh directory, what a u
            --hypothesis-profile=ci [--kernel-timeout T]
 
 (``--kernel-timeout`` for the hanging kernel only; the others keep the default 300 s) and prints
-a Markdown table: wall seconds, tests failed (and passed), kernel calls (each call appends a
+a Markdown table: wall seconds, tests failed (passed, skipped), kernel calls (each call appends a
 line to ``$CPU_FAULTS_CALL_LOG``), and the first finding the failures name. Before the table it
 times a worker's first start and its restarts after a crash (``--restarts`` of them).
 """
@@ -39,7 +39,7 @@ FAULTS = {
     "hang": "sleeps an hour",
     "interrupt": "raises KeyboardInterrupt",
 }
-_FINDING = re.compile(r"^(crash|timeout|error): .*$", re.MULTILINE)
+_FINDING = re.compile(r"\b(crash|timeout|error): [^\n]*")
 _OUTCOME = re.compile(r"(\d+) (failed|passed|skipped|error|errors)\b")
 
 
@@ -74,6 +74,7 @@ def run_suite(fault: str, timeout_s: float, limit_s: float) -> dict[str, object]
         "finished": finished,
         "failed": outcomes.get("failed", 0),
         "passed": outcomes.get("passed", 0),
+        "skipped": outcomes.get("skipped", 0),
         "calls": calls,
         "finding": finding.group(0) if finding else "(none)",
     }
@@ -119,14 +120,15 @@ def main() -> None:
     shown = ", ".join(f"{s:.2f}" for s in restarts)
     print(f"worker start: first {first:.2f} s (with the fork server's), restarts {shown} s")
     print()
-    print("| fault | kernel does | wall s | tests failed / passed | kernel calls | finding named |")
+    print("| fault | kernel does | wall s | failed / passed / skipped | kernel calls | finding |")
     print("|---|---|---:|---:|---:|---|")
     for fault in args.faults:
         row = run_suite(fault, args.timeout, args.limit)
         wall = f"{row['seconds']:.1f}" + ("" if row["finished"] else " (limit)")
         finding = str(row["finding"]).replace("|", "\\|")
         print(
-            f"| {fault} | {FAULTS[fault]} | {wall} | {row['failed']} / {row['passed']} | "
+            f"| {fault} | {FAULTS[fault]} | {wall} | {row['failed']} / {row['passed']} / "
+            f"{row['skipped']} | "
             f"{row['calls']} | `{finding}` |",
             flush=True,
         )
