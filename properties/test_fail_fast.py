@@ -25,6 +25,7 @@ from attention_crossval.reference.case import AttentionCase
 pytestmark = pytest.mark.cpu
 
 EXITS = "attention_crossval.kernel.broken.cpu_exits"
+EXIT_IN_BACKWARD = "attention_crossval.kernel.broken.cpu_backward_faults:exit_in_backward"
 # Where ``attention_crossval`` imports from (the checkout, or site-packages): subprocesses get
 # it on PYTHONPATH, so they import this copy however it was installed.
 IMPORT_ROOT = str(Path(attention_crossval.__file__).resolve().parent.parent)
@@ -43,37 +44,42 @@ def _environment(**extra: str) -> dict[str, str]:
 def test_crash_and_hang_are_not_rerun_and_later_tests_fail_at_once(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The kernel suite on a segfaulting and a hanging kernel: the first crash (and timeout) of
-    a test is reported as drawn, with its saved case, and never re-run to shrink it; after two
-    in the session, a kernel's remaining tests fail without calling it, naming the two."""
+    """The kernel suite on a segfaulting and a hanging kernel (forward tests) and one that
+    exits in its backward (the backward test): the first crash (and timeout) of a test is
+    reported as drawn, with its saved case, and never re-run to shrink it; after two in the
+    session, a kernel's remaining tests fail without calling it, naming the two."""
     log = pytester.path / "calls.log"
     monkeypatch.setenv("PYTHONPATH", _environment()["PYTHONPATH"])
     monkeypatch.setenv(CALL_LOG_ENV, str(log))
     monkeypatch.setenv("ATTENTION_REPORT_DIR", str(pytester.path / "cases"))
     pytester.makeconftest('pytest_plugins = ["attention_crossval.pytest_plugin"]\n')
     start = time.perf_counter()
+    forward = "test_kernel_passes_every_check or test_kernel_feature_passes_every_check"
     result = pytester.runpytest_subprocess(
         "-p",
         "no:cacheprovider",
         "--pyargs",
         "attention_crossval.properties.test_kernels",
+        "attention_crossval.properties.test_kernels_backward",
         "-m",
         "kernel",
         f"--kernel={EXITS}:segfault",
         f"--kernel={EXITS}:hang",
+        f"--kernel={EXIT_IN_BACKWARD}",
         "--kernel-timeout=0.5",
         "-k",
-        "test_kernel_passes_every_check or test_kernel_feature_passes_every_check",
+        f"({forward}) and not exit_in_backward or backward_passes and exit_in_backward",
     )
     seconds = time.perf_counter() - start
     outcomes = result.parseoutcomes()
-    assert outcomes.get("failed", 0) >= 6 and not outcomes.get("passed"), outcomes
+    assert outcomes.get("failed", 0) >= 7 and not outcomes.get("passed"), outcomes
     calls = log.read_text().split()
     assert sorted(calls) == ["hang", "hang", "segfault", "segfault"], calls
     text = result.stdout.str()
     assert text.count("crash: worker process died (killed by SIGSEGV)") >= 2
     assert "timeout: no answer within 0.5 s (hang); worker killed" in text
-    assert text.count("reported as drawn, not shrunk") == 4
+    assert "crash: worker process died (exit code 3)" in text  # the backward suite's test
+    assert text.count("reported as drawn, not shrunk") == 5
     assert "reproduce: python -m attention_crossval.properties.replay" in text
     assert f"{EXITS}:segfault crashed or hung 2 times in this session" in text
     assert f"{EXITS}:hang crashed or hung 2 times in this session" in text
