@@ -270,6 +270,7 @@ class IsolatedKernel:
         default=None, repr=False
     )
     _handshake_pending: bool = field(default=False, repr=False)  # launched, "ready" not read
+    _busy: bool = field(default=False, repr=False)  # a request sent, its reply not read
 
     def __post_init__(self) -> None:
         from attention_crossval.kernel.registry import factory_path
@@ -337,6 +338,7 @@ class IsolatedKernel:
     def _request(self, message: tuple | None, timeout_s: float, what: str) -> tuple:
         """Send ``message`` (None: only wait) and receive the reply within ``timeout_s``."""
         try:
+            self._busy = True  # until the reply is read: an interrupted caller leaves it set
             if message is not None:
                 self._conn.send(message)
             if not self._conn.poll(timeout_s):
@@ -344,7 +346,9 @@ class IsolatedKernel:
                 raise KernelCrashed(
                     "timeout", f"no answer within {timeout_s:g} s ({what}); worker killed"
                 )
-            return self._conn.recv()
+            reply = self._conn.recv()
+            self._busy = False
+            return reply
         except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
             self._process.join(timeout=5)
             code = self._process.exitcode
@@ -385,10 +389,11 @@ class IsolatedKernel:
         self._declared = (reply[1], reply[2])
 
     def close(self, *, kill: bool = False) -> None:
-        """Stop the worker: politely (it finishes its loop) unless ``kill``."""
+        """Stop the worker: politely (it finishes its loop) unless ``kill`` or it is still busy
+        with a call (the caller was interrupted, e.g. by Ctrl-C: it would not read the stop)."""
         if self._process is None:
             return
-        if not kill and self._process.is_alive():
+        if not kill and not self._busy and self._process.is_alive():
             try:
                 self._conn.send(None)
             except OSError:
@@ -399,7 +404,7 @@ class IsolatedKernel:
             self._process.join(timeout=10)
         self._conn.close()
         self._process = self._conn = None
-        self._handshake_pending = False
+        self._handshake_pending = self._busy = False
 
 
 def _worker_context() -> multiprocessing.context.BaseContext:
