@@ -14,6 +14,7 @@ process's environment; GPUs are pinned per xdist worker only when its GPU tests 
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import datetime
 import functools
@@ -29,6 +30,8 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, Phase, Verbosity, settings
 from threadpoolctl import threadpool_limits
+
+from attention_crossval.kernel.isolation import DEFAULT_TIMEOUT_S, check_timeout  # noqa: E402
 
 # gpu_workers: one GPU per xdist worker; coverage: shape x mask x distribution x dtype tally
 pytest_plugins = ["attention_crossval.kernel.gpu_workers", "attention_crossval.properties.coverage"]
@@ -107,11 +110,32 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "session's own profile",
     )
     group.addoption(
+        "--kernel-timeout",
+        type=_kernel_timeout,
+        default=DEFAULT_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"seconds per kernel call in its worker process (default {DEFAULT_TIMEOUT_S:g}), "
+        "as attention-report's --kernel-timeout: a call past it is a timeout finding and the "
+        "worker is killed",
+    )
+    group.addoption(
         "--report-dir",
         default=None,
         metavar="DIR",
         help="write failing cases (.npz) and per-test error reports here",
     )
+
+
+def _kernel_timeout(text: str) -> float:
+    """``--kernel-timeout``'s value, under the isolation's own rule for a time limit."""
+    try:
+        value: object = float(text)
+    except ValueError:
+        value = text  # not a number: check_timeout names the rule
+    try:
+        return check_timeout("--kernel-timeout", value)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -1,4 +1,4 @@
-"""A kernel in a spawned worker process: a crash, hang or CUDA error ends the worker, not the run.
+"""A kernel in a worker process: a crash, hang or CUDA error ends the worker, not the run.
 
 The worker resolves the kernel (imports the user's module and calls the factory there, so a
 factory that crashes or hangs cannot take the caller down), then says ``("ready", spec, checks)``:
@@ -8,9 +8,12 @@ the caller learns the declaration without running user code. It then answers
 ``timeout_s`` measures the kernel alone: a slow start under load is never misreported as a
 hang.
 
-The worker dies with its parent (``PR_SET_PDEATHSIG`` on Linux, plus a thread that polls the
-parent pid everywhere), so killing the caller never leaves a busy worker behind. After a
-``MemoryError`` or a CUDA error the worker is replaced: its heap or context may be unusable.
+Workers are forked from a fork server that imported the harness once (``_worker_context``),
+so replacing a dead worker costs a fork, not a new interpreter importing NumPy and the harness;
+each gets the caller's environment as it is at the start. The worker dies with its caller
+(``PR_SET_PDEATHSIG`` on Linux, for the fork server as for the worker, plus a thread that
+polls the caller's pid everywhere), so killing the caller never leaves a busy worker behind. After
+a ``MemoryError`` or a CUDA error the worker is replaced: its heap or context may be unusable.
 """
 
 from __future__ import annotations
@@ -37,8 +40,17 @@ from attention_crossval.reference.case import AttentionCase, AttentionResult
 from attention_crossval.reference.gradients import BackwardCase, Gradients
 
 MAX_TIMEOUT_S = 86_400.0  # one day: longer waits overflow the pipe's poll
+DEFAULT_TIMEOUT_S = 300.0  # per call: ``--kernel-timeout`` of the report and of the pytest route
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _PARENT_POLL_S = 1.0
+# What the workers' fork server imports once: first the module that makes it die with its
+# caller, then the worker loop's own imports.
+_PRELOADED = (
+    "attention_crossval.kernel.worker_server",
+    "attention_crossval.kernel.harness",
+    "attention_crossval.kernel.harness_backward",
+    "attention_crossval.kernel.registry",
+)
 # Error messages after which a worker is replaced: its CUDA context or heap may be corrupt.
 _RESTART_WORDS = ("cuda", "illegal", "device-side", "launch")
 
@@ -144,31 +156,56 @@ def _changed(name: str, before: np.ndarray, after: np.ndarray) -> str | None:
     return f"{name}: {int(differ.sum())} elements written by the kernel; first at {list(index)}"
 
 
-def _die_with_parent(parent_pid: int) -> None:
-    """End this worker when ``parent_pid`` ends: the kernel (Linux ``PR_SET_PDEATHSIG``), and a
-    thread polling the parent pid for everything else (and for a parent gone before prctl)."""
+def die_with_parent_process() -> None:
+    """Linux: ask the kernel for ``SIGKILL`` when this process's parent exits (more exactly:
+    the parent's thread that started it), even if this one hangs in native code."""
     if sys.platform.startswith("linux"):
         try:
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
         except (OSError, AttributeError):
             pass  # no libc prctl: the polling thread still ends the worker
 
+
+def _die_with_caller(caller_pid: int) -> None:
+    """End this worker when its caller ends. Its parent is the caller (spawn) or the caller's
+    fork server, which itself dies with the caller (:mod:`kernel.worker_server`): the kernel
+    ends the worker when that parent ends (:func:`die_with_parent_process`), and a thread
+    polling the parent and the caller does everywhere (and covers a caller gone before prctl)."""
+    die_with_parent_process()
+    parent_pid = os.getppid()
+
     def watch() -> None:
-        while os.getppid() == parent_pid:
+        while os.getppid() == parent_pid and _alive(caller_pid):
             time.sleep(_PARENT_POLL_S)
         os._exit(1)
 
     threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
 
 
-def _worker_main(kernel: str, conn: Any, parent_pid: int) -> None:
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's (the pid was reused)
+        return True
+    return True
+
+
+def _worker_main(kernel: str, conn: Any, caller_pid: int, environment: dict[str, str]) -> None:
     """Worker loop: resolve the kernel once, send its declaration, then answer run messages.
+    ``environment``: the caller's, as it is now (a fork server holds the one it started with).
     The working directory comes first on the import path, as under ``python -m``, so that
     ``--kernel kernel.fa:adapter`` finds the user's module from their repository's root under the
     ``pytest`` and ``attention-report`` scripts too (whose own path entry is their bin folder)."""
-    _die_with_parent(parent_pid)
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
+    os.environ.clear()
+    os.environ.update(environment)
+    _die_with_caller(caller_pid)
+    # Ctrl-C in a terminal reaches the whole process group: the caller alone handles it (and
+    # ends this worker), so a KeyboardInterrupt seen here can only come from the kernel.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     from attention_crossval.kernel.harness import applied_checks
     from attention_crossval.kernel.harness_backward import backward_checks
     from attention_crossval.kernel.registry import resolve
@@ -200,6 +237,9 @@ def _worker_main(kernel: str, conn: Any, parent_pid: int) -> None:
             conn.send(("ok", _plain(run.result), run.writes, run.input_writes))
         except Declined as declined:
             conn.send(("declined", str(declined), "", False))
+        except KeyboardInterrupt as interrupt:  # raised by the kernel itself (SIGINT is ignored)
+            text = f"kernel raised KeyboardInterrupt{f': {interrupt}' if str(interrupt) else ''}"
+            conn.send(("error", text, traceback.format_exc(limit=4), False))
         except Exception as error:  # noqa: BLE001 - any kernel error is a finding, reported back
             text = f"{type(error).__name__}: {error}"
             restart = isinstance(error, MemoryError) or any(
@@ -219,7 +259,7 @@ def _method(name: str) -> Callable[[Any, Any, str, Any], Run]:
 
 @dataclass
 class IsolatedKernel:
-    """A kernel living in a spawned worker process; restarted after a crash, hang, CUDA error or
+    """A kernel living in a worker process; restarted after a crash, hang, CUDA error or
     MemoryError. It is itself an adapter (``spec``, ``checks``, ``__call__``), learned from the
     worker's handshake.
 
@@ -227,7 +267,7 @@ class IsolatedKernel:
     """
 
     kernel: str
-    timeout_s: float = 300.0
+    timeout_s: float = DEFAULT_TIMEOUT_S
     start_timeout_s: float = 600.0
     _process: Any = field(default=None, repr=False)
     _conn: Any = field(default=None, repr=False)
@@ -235,19 +275,14 @@ class IsolatedKernel:
         default=None, repr=False
     )
     _handshake_pending: bool = field(default=False, repr=False)  # launched, "ready" not read
+    _busy: bool = field(default=False, repr=False)  # a request sent, its reply not read
 
     def __post_init__(self) -> None:
         from attention_crossval.kernel.registry import factory_path
 
         factory_path(self.kernel)  # a malformed name is refused before any process starts
         for name in ("timeout_s", "start_timeout_s"):
-            value = getattr(self, name)
-            number = isinstance(value, (int, float)) and not isinstance(value, bool)
-            if not number or not 0 < value <= MAX_TIMEOUT_S:
-                raise ValueError(
-                    f"{name}={reprlib.repr(value)} must be a number of seconds > 0 and "
-                    f"<= {MAX_TIMEOUT_S:g}"
-                )
+            check_timeout(name, getattr(self, name))
 
     @property
     def spec(self) -> KernelSpec:
@@ -308,6 +343,7 @@ class IsolatedKernel:
     def _request(self, message: tuple | None, timeout_s: float, what: str) -> tuple:
         """Send ``message`` (None: only wait) and receive the reply within ``timeout_s``."""
         try:
+            self._busy = True  # until the reply is read: an interrupted caller leaves it set
             if message is not None:
                 self._conn.send(message)
             if not self._conn.poll(timeout_s):
@@ -315,7 +351,9 @@ class IsolatedKernel:
                 raise KernelCrashed(
                     "timeout", f"no answer within {timeout_s:g} s ({what}); worker killed"
                 )
-            return self._conn.recv()
+            reply = self._conn.recv()
+            self._busy = False
+            return reply
         except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
             self._process.join(timeout=5)
             code = self._process.exitcode
@@ -323,10 +361,12 @@ class IsolatedKernel:
             raise KernelCrashed("crash", f"worker process died ({_exit_reason(code)})") from None
 
     def _spawn(self) -> None:
-        context = multiprocessing.get_context("spawn")
+        context = _worker_context()
         parent, child = context.Pipe()
         self._process = context.Process(
-            target=_worker_main, args=(self.kernel, child, os.getpid()), daemon=True
+            target=_worker_main,
+            args=(self.kernel, child, os.getpid(), dict(os.environ)),
+            daemon=True,
         )
         self._process.start()
         child.close()
@@ -354,10 +394,11 @@ class IsolatedKernel:
         self._declared = (reply[1], reply[2])
 
     def close(self, *, kill: bool = False) -> None:
-        """Stop the worker: politely (it finishes its loop) unless ``kill``."""
+        """Stop the worker: politely (it finishes its loop) unless ``kill`` or it is still busy
+        with a call (the caller was interrupted, e.g. by Ctrl-C: it would not read the stop)."""
         if self._process is None:
             return
-        if not kill and self._process.is_alive():
+        if not kill and not self._busy and self._process.is_alive():
             try:
                 self._conn.send(None)
             except OSError:
@@ -368,7 +409,30 @@ class IsolatedKernel:
             self._process.join(timeout=10)
         self._conn.close()
         self._process = self._conn = None
-        self._handshake_pending = False
+        self._handshake_pending = self._busy = False
+
+
+def _worker_context() -> multiprocessing.context.BaseContext:
+    """Where workers come from: a fork server that imported the harness once (a worker then
+    starts in a fork, without importing NumPy, ml_dtypes and the harness again: what makes a
+    restart after a crash cheap), else (no fork server on this platform) a fresh interpreter.
+    The server imports no kernel and touches no GPU, so each worker sets up CUDA afresh."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(list(_PRELOADED))
+    return context
+
+
+def check_timeout(name: str, value: object) -> float:
+    """``value`` as a time limit in seconds; ValueError naming ``name`` unless it is a number
+    in (0, :data:`MAX_TIMEOUT_S`] (NaN and inf excluded)."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not number or not 0 < value <= MAX_TIMEOUT_S:
+        raise ValueError(
+            f"{name}={reprlib.repr(value)} must be a number of seconds > 0 and <= {MAX_TIMEOUT_S:g}"
+        )
+    return float(value)
 
 
 def _exit_reason(code: int | None) -> str:

@@ -84,7 +84,7 @@ CASES_PER_TEST = 5
 _saved: dict[str, list[Path]] = {}
 
 
-def _current_test() -> str:
+def current_test() -> str:
     """The running pytest test's id (``$PYTEST_CURRENT_TEST`` less its phase), or ""."""
     return os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
 
@@ -101,7 +101,7 @@ def save_failing_case(
     last failing case (Hypothesis' shrunk one) is always on disk. A file another test also
     saved is never deleted. ``kernel`` is stored with the case (:func:`save_case`)."""
     path = save_case(case, directory, kernel=kernel)
-    kept = _saved.setdefault(_current_test() if test is None else test, [])
+    kept = _saved.setdefault(current_test() if test is None else test, [])
     if path in kept:
         return path
     if len(kept) == CASES_PER_TEST:

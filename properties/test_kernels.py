@@ -33,6 +33,7 @@ from attention_crossval.kernel.known_findings import covering, run_with_known, x
 from attention_crossval.kernel.registry import resolve
 from attention_crossval.kernel.spec import KernelSpec
 from attention_crossval.properties.coverage import coverage_key, feature_sweep, sweep
+from attention_crossval.properties.fail_fast import run_failing_fast, stop_on_fault
 from attention_crossval.properties.kernels_under_test import (
     chosen_kernels,
     close_workers,
@@ -153,6 +154,7 @@ def _run_property(
     def check(case: AttentionCase) -> None:
         __tracebackhide__ = True  # pytest would print the case's arrays as this frame's argument
         verdict = run_with_known(adapter, case)
+        stop_on_fault(kernel, verdict, case)  # a crash or hang: reported as drawn, not shrunk
         assume(verdict.skipped is None)  # declined by the kernel at run time
         known = covering(adapter.spec, case, verdict.findings)
         if count_known and known:
@@ -165,7 +167,7 @@ def _run_property(
             verdict.raise_for()
 
     derived = stream_seed(config, kernel, stream)
-    (check if derived is None else seed(derived)(check))()
+    run_failing_fast(kernel, config, check if derived is None else seed(derived)(check))
     return ran
 
 

@@ -25,6 +25,7 @@ from attention_crossval.kernel.known_findings import run_backward_with_known, xf
 from attention_crossval.kernel.references_backward import float64_gradients
 from attention_crossval.kernel.registry import resolve
 from attention_crossval.kernel.spec import KernelSpec
+from attention_crossval.properties.fail_fast import fails_fast, stop_on_fault
 from attention_crossval.properties.kernels_under_test import (
     chosen_kernels,
     close_workers,
@@ -52,6 +53,7 @@ def _close_workers():
     close_workers()
 
 
+@fails_fast
 @settings(max_examples=10, verbosity=Verbosity.quiet)  # quiet: the case's arrays go unprinted
 @given(data=st.data())
 def test_kernel_backward_passes_every_check(kernel: str, data: st.DataObject) -> None:
@@ -65,6 +67,7 @@ def test_kernel_backward_passes_every_check(kernel: str, data: st.DataObject) ->
     # column (which needs every row that sees its key) stays within a few seconds.
     case = data.draw(backward_cases(spec=spec, max_len=2 * spec.tile_n + 1), label="case")
     verdict = run_backward_with_known(adapter, case, samples=1 if cpu else 2)
+    stop_on_fault(kernel, verdict)  # a crash or hang: reported as drawn, not shrunk
     assume(verdict.skipped is None)  # declined at run time (e.g. an SDPA backend's refusal)
     xfail_if_known(verdict, spec, case.forward, backward=True)  # in Hypothesis: rejected
     with reproducer_on_failure(case, kernel=kernel):  # the compact summary, a few cases saved

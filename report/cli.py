@@ -39,6 +39,7 @@ from attention_crossval.report.shard import parse_shard  # noqa: E402
 DEFAULT_OUT = "attention-report-out"
 MAX_SAMPLE = 10_000  # --sample: Hypothesis draws this many cases up front
 MAX_REPEATS = 100  # --repeats: kernel runs per case
+INTERRUPTED = 130  # the exit status of a shell's command ended by SIGINT (128 + 2)
 
 
 # Parse-time checks (argparse ``type=``): a bad value stops the command before any kernel is
@@ -445,3 +446,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = " | ".join(line.strip() for line in str(error).splitlines() if line.strip())
         print(f"attention-report: error: {message}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: finished records stay in --out, a rerun resumes there
+        print("attention-report: interrupted (Ctrl-C)", file=sys.stderr)
+        return INTERRUPTED
