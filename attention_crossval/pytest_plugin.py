@@ -1,4 +1,5 @@
-"""The pytest plugin (entry point ``pytest11``): options, markers, Hypothesis profiles, GPU skips.
+"""The pytest plugin (entry point ``pytest11``): options, markers, Hypothesis profiles, GPU skips,
+and one ``FAILED <test id> <finding>`` line per failure, printed as it happens and at the end.
 
 Installed with the package, so ``pytest --pyargs attention_crossval.properties -m kernel
 --kernel mypkg.fa:adapter`` works from any directory. torch and CUDA are only touched inside
@@ -334,9 +335,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
 
 def one_line_finding(error: BaseException) -> str:
     """A failure in one line: a harness check's own first line (``bound: ...``), else the
-    exception's type and its first line."""
+    exception's type and its first line; of several (Hypothesis' distinct failures), the first."""
     from attention_crossval.kernel.verdict import CheckFailed
 
+    if isinstance(error, BaseExceptionGroup):
+        more = len(error.exceptions) - 1
+        return one_line_finding(error.exceptions[0]) + (f" (and {more} more)" if more else "")
     first = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
     if isinstance(error, CheckFailed):
         return first

@@ -13,6 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from attention_crossval.kernel.verdict import CheckFailed
+from attention_crossval.pytest_plugin import one_line_finding
+
 pytestmark = pytest.mark.cpu
 
 PLUGIN = "attention_crossval.pytest_plugin"
@@ -103,3 +106,18 @@ def test_other_projects_tests_get_no_lines(
     lines = _run(pytester, monkeypatch)
     assert "2 failed" in lines[-1]
     assert not [line for line in lines if line in EXPECTED or "attention-crossval" in line]
+
+
+@pytest.mark.parametrize(
+    ("error", "line"),
+    [
+        (CheckFailed("lse: max |err| 2.0 > 1.0 (case saved: x.npz)\n  kernel k"),
+         "lse: max |err| 2.0 > 1.0 (case saved: x.npz)"),
+        (AssertionError("\nassert 2 == 1\n +  where 2 = f()"), "AssertionError: assert 2 == 1"),
+        (RuntimeError(), "RuntimeError"),
+        (ExceptionGroup("Hypothesis found 2 distinct failures.",
+                        [CheckFailed("bound: a\n b"), ValueError("c")]), "bound: a (and 1 more)"),
+    ],
+)  # fmt: skip
+def test_one_line_finding(error: BaseException, line: str) -> None:
+    assert one_line_finding(error) == line
