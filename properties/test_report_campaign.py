@@ -8,8 +8,11 @@ file costs a few process starts (docs/campaigns.md has the recipes these tests s
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -180,3 +183,55 @@ def test_indexed_job_shards_merge_and_a_shard_resumes(campaign) -> None:
     assert rerun["resumed_records"] == 1 and rerun["summary"]["records"] == 2
     assert len((shard / "records.jsonl").read_text().splitlines()) == 2
     _equal_record_sets(_merge(out, root / "indexed-remerged"), single)
+
+
+def _doc_blocks(language: str) -> list[str]:
+    text = (ROOT / "docs" / "campaigns.md").read_text()
+    return re.findall(rf"```{language}\n(.*?)```", text, re.S)
+
+
+def _commands(text: str) -> list[list[str]]:
+    """The ``attention-report`` command lines in ``text``, arguments only (continuations
+    joined)."""
+    lines = text.replace("\\\n", " ").splitlines()
+    return [shlex.split(line)[1:] for line in lines if line.strip().startswith("attention-report ")]
+
+
+def _merge_picks(folders: list[Path], merge: list[str]) -> list[Path]:
+    """The shard folders that ``attention-report merge OUT PATTERN...`` names."""
+    return [f for f in folders if any(fnmatch.fnmatch(str(f), pattern) for pattern in merge[2:])]
+
+
+def _documented_shards(command: list[str], environs: list[dict[str, str]]) -> list[Path]:
+    """Where the documented command writes under each task's environment, checked to be the
+    shards 0..N-1 (N = the number of tasks), one folder each under its --out."""
+    out = command[command.index("--out") + 1]
+    shards = [parse_shard(command[command.index("--shard") + 1], env) for env in environs]
+    count = len(environs)
+    assert [(s.index, s.count) for s in shards] == [(k, count) for k in range(count)]
+    return [shard.folder(out) for shard in shards]
+
+
+def test_the_documented_slurm_array_runs_every_shard_and_merges_them() -> None:
+    """docs/campaigns.md's sbatch script: tasks --array=A-B are shards 0..N-1 of its --shard,
+    and the merge job's glob picks exactly their folders."""
+    array = next(block for block in _doc_blocks("bash") if "#SBATCH --array=" in block)
+    first, last = map(int, re.search(r"--array=(\d+)-(\d+)", array).groups())
+    tasks = [_slurm(task, first, count=last - first + 1) for task in range(first, last + 1)]
+    folders = _documented_shards(_commands(array)[0], tasks)
+    merges = [c for block in _doc_blocks("bash") for c in _commands(block) if c[0] == "merge"]
+    assert merges and all(_merge_picks(folders, merge) == folders for merge in merges)
+
+
+def test_the_documented_indexed_job_runs_every_shard_and_merges_them() -> None:
+    """docs/campaigns.md's Indexed Job: its completions are the N of its --shard auto/N, its
+    --out is on the shared volume, and the merge Job's glob picks exactly the shard folders."""
+    job, merge_job = (block for block in _doc_blocks("yaml") if "kind: Job" in block)
+    assert "completionMode: Indexed" in job
+    completions = int(re.search(r"completions: (\d+)", job).group(1))
+    command = json.loads(re.search(r"args: (\[.*?\])", job, re.S).group(1))
+    folders = _documented_shards(command, [{INDEXED: str(k)} for k in range(completions)])
+    mount = re.search(r"mountPath: (\S+)", job).group(1)
+    assert all(folder.is_relative_to(mount) for folder in folders)
+    (merge,) = _commands(json.loads(re.search(r"args: (\[.*?\])", merge_job).group(1))[0])
+    assert _merge_picks(folders, merge) == folders
