@@ -1,4 +1,5 @@
-"""The pytest plugin (entry point ``pytest11``): options, markers, Hypothesis profiles, GPU skips.
+"""The pytest plugin (entry point ``pytest11``): options, markers, Hypothesis profiles, GPU skips,
+and one ``FAILED <test id> <finding>`` line per failure, printed as it happens and at the end.
 
 Installed with the package, so ``pytest --pyargs attention_crossval.properties -m kernel
 --kernel mypkg.fa:adapter`` works from any directory. torch and CUDA are only touched inside
@@ -146,6 +147,8 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ["ATTENTION_REPORT_DIR"] = str(report_dir)
     config.stash[_PROFILE] = _choose_profile(config)
     config.stash[_RUN_SEED] = _choose_run_seed(config, config.stash[_PROFILE])
+    if not hasattr(config, "workerinput"):  # printed where the terminal is: xdist's controller
+        config.pluginmanager.register(FailureLines(config), FailureLines.NAME)
 
 
 def _choose_profile(config: pytest.Config) -> str:
@@ -348,3 +351,76 @@ def pytest_report_collectionfinish(config: pytest.Config, items: list[pytest.Ite
     ]
     workers = worker_gpus_line(config) if wants_gpu else None
     return lines + ([workers] if workers else [])
+
+
+# A failed report of this package's tests carries its one-line finding under this attribute. It
+# is set where the exception is (an xdist worker), and the report takes it to the controller.
+FINDING_ATTRIBUTE = "attention_crossval_finding"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
+    report = yield
+    if report.failed and call.excinfo is not None and _is_ours(item):
+        setattr(report, FINDING_ATTRIBUTE, one_line_finding(call.excinfo.value))
+    return report
+
+
+def one_line_finding(error: BaseException) -> str:
+    """A failure in one line: a harness check's own first line (``bound: ...``), else the
+    exception's type and its first line; of several (Hypothesis' distinct failures), the first."""
+    from attention_crossval.kernel.verdict import CheckFailed
+
+    if isinstance(error, BaseExceptionGroup):
+        more = len(error.exceptions) - 1
+        return one_line_finding(error.exceptions[0]) + (f" (and {more} more)" if more else "")
+    first = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
+    if isinstance(error, CheckFailed):
+        return first
+    return f"{type(error).__name__}: {first}" if first else type(error).__name__
+
+
+class FailureLines:
+    """``FAILED <test id> <finding>`` for each failed test of this package, printed as soon as
+    the test finishes and all again at the very end of the run: a quiet run that is cut short
+    still shows what failed, and one that finishes ends with the list."""
+
+    NAME = "attention_crossval.failure_lines"
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.pending: list[str] = []
+        self.printed: list[str] = []
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        finding = getattr(report, FINDING_ATTRIBUTE, None)
+        if finding is not None:
+            outcome = "FAILED" if report.when == "call" else "ERROR"
+            self.pending.append(f"{outcome} {report.nodeid} {finding}")
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_runtest_logfinish(self) -> None:
+        """After the test's own status and progress, so that the line does not split them."""
+        self._print_pending()
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter):
+        """Around pytest's summary: the list follows its short test summary."""
+        result = yield
+        self._print_pending()
+        if self.printed:
+            terminalreporter.write_sep("=", f"attention-crossval failures ({len(self.printed)})")
+            for line in self.printed:
+                terminalreporter.write_line(line, red=True)
+        return result
+
+    def _print_pending(self) -> None:
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        for line in self.pending if reporter is not None else ():
+            if reporter._tw.width_of_current_line:  # after the letters (-q) or the status (-v)
+                reporter._tw.line()
+            reporter.currentfspath = None  # the next result starts a line of its own
+            reporter._tw.line(line, red=True)
+        self.printed += self.pending
+        self.pending.clear()

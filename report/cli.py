@@ -8,6 +8,7 @@ attention-report --config-file configs.toml
 attention-report diff old/report.json new/report.json   # exit 1 on regressions, removed records
 attention-report --preset gpu-small --kernel sdpa-flash --gpus all --out DIR   # one shard per GPU
 attention-report merge OUT DIR/shard-0-of-2 DIR/shard-1-of-2   # merge --shard K/N runs
+attention-report --shard auto/8 --out /shared/run   # scheduler array task: docs/campaigns.md
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from attention_crossval.report.configs import (  # noqa: E402
     unique,
 )
 from attention_crossval.report.runner import TIERS, RunOptions  # noqa: E402
-from attention_crossval.report.shard import parse_shard  # noqa: E402
+from attention_crossval.report.shard import Shard, parse_shard  # noqa: E402
 
 DEFAULT_OUT = "attention-report-out"
 MAX_SAMPLE = 10_000  # --sample: Hypothesis draws this many cases up front
@@ -95,7 +96,7 @@ def _finite_float(*, positive: bool, maximum: float = math.inf) -> Callable[[str
     return parse
 
 
-def _shard(text: str) -> tuple[int, int]:
+def _shard(text: str) -> Shard:
     try:
         return parse_shard(text)
     except ValueError as error:
@@ -227,8 +228,10 @@ def _run_parser() -> argparse.ArgumentParser:
     shards.add_argument(
         "--shard",
         type=_shard,
-        metavar="K/N",
-        help="run only configs i with i %% N == K (merge the shards with `attention-report merge`)",
+        metavar="K/N|auto[/N]",
+        help="run only configs i with i %% N == K (merge the shards with `attention-report merge`);"
+        " auto: K from SLURM_ARRAY_TASK_ID or JOB_COMPLETION_INDEX, N from SLURM_ARRAY_TASK_COUNT"
+        " unless given, output in OUT/shard-K-of-N (docs/campaigns.md)",
     )
     shards.add_argument(
         "--gpus",
@@ -334,6 +337,8 @@ def run_main(argv: Sequence[str]) -> int:
     from attention_crossval.report.shard import parse_gpus
 
     gpus = None if args.gpus is None else parse_gpus(args.gpus)  # refused before --out is touched
+    if args.shard is not None:  # auto: OUT/shard-K-of-N, locked on its own
+        args.out = str(args.shard.folder(args.out))
     with output_lock(args.out):
         return _run_locked(args, argv, gpus)
 
@@ -374,9 +379,8 @@ def _run_locked(args: argparse.Namespace, argv: Sequence[str], gpus: list[str] |
         report = run_on_gpus(argv, gpus, args.out, html=not args.no_html)
         return _summary_line(report, args.out, exit_zero=args.exit_zero)
     if args.shard is not None:
-        index, count = args.shard
-        configs = shard_configs(configs, index, count)
-        provenance = {"shard": shard_provenance(index, count)}
+        configs = shard_configs(configs, args.shard.index, args.shard.count)
+        provenance = {"shard": shard_provenance(args.shard.index, args.shard.count)}
     report = run_report(
         configs,
         kernels,

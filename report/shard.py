@@ -3,6 +3,9 @@
 * ``--shard K/N`` runs configuration ``i`` (in the configuration set's own, deterministic order)
   iff ``i % N == K``; the shard's ``report.json`` carries a ``shard`` entry (K, N and the
   ``CUDA_VISIBLE_DEVICES`` its process saw) and its ``records.jsonl`` resumes like any run.
+* ``--shard auto[/N]`` takes K from a scheduler's environment (a Slurm job array's task, a
+  Kubernetes Indexed Job's completion index) and writes to ``OUT/shard-K-of-N``, so every task
+  of a campaign gets the same command line (docs/campaigns.md).
 * ``--gpus all|ID,ID,...`` starts one ``attention-report`` child per GPU with
   ``CUDA_VISIBLE_DEVICES`` pinned and ``--shard K/N``, each writing to ``OUT/shard-K-of-N``,
   then merges them into ``OUT``. The ids only go into ``CUDA_VISIBLE_DEVICES``; ``all`` lists
@@ -15,11 +18,13 @@ from __future__ import annotations
 
 import datetime
 import os
+import re
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 from attention_crossval.report.schema import SCHEMA_VERSION, validate
 from attention_crossval.report.session import read_report, summarize, write_outputs
@@ -27,15 +32,102 @@ from attention_crossval.report.session import read_report, summarize, write_outp
 _CHILD_LOG = "shard.log"
 
 
-def parse_shard(text: str) -> tuple[int, int]:
-    """``"K/N"`` -> ``(K, N)`` with ``0 <= K < N``."""
+AUTO = "auto"
+SLURM_TASK_ID = "SLURM_ARRAY_TASK_ID"
+SLURM_TASK_MIN = "SLURM_ARRAY_TASK_MIN"
+SLURM_TASK_STEP = "SLURM_ARRAY_TASK_STEP"
+SLURM_TASK_COUNT = "SLURM_ARRAY_TASK_COUNT"
+JOB_COMPLETION_INDEX = "JOB_COMPLETION_INDEX"
+_SHARD_RULE = "must be K/N with integers 0 <= K < N, or auto[/N] (K from the scheduler)"
+
+
+class Shard(NamedTuple):
+    """Shard ``index`` of ``count``; ``variable``: the environment variable the index came from
+    (``--shard auto``), None when given as ``K/N``."""
+
+    index: int
+    count: int
+    variable: str | None = None
+
+    def folder(self, out: str | Path) -> Path:
+        """Where the shard writes: ``out`` itself for ``K/N``, ``OUT/shard-K-of-N`` for ``auto``
+        (every task of a campaign shares one ``--out`` root)."""
+        return shard_dir(out, self.index, self.count) if self.variable else Path(out)
+
+
+def parse_shard(text: str, environ: Mapping[str, str] = os.environ) -> Shard:
+    """``"K/N"`` -> ``Shard(K, N)`` with ``0 <= K < N``; ``"auto"`` / ``"auto/N"``: K (and N
+    when left out) from ``environ`` (:func:`shard_from_environment`)."""
     index, slash, count = text.partition("/")
-    if not slash or not index.strip().isdigit() or not count.strip().isdigit():
-        raise ValueError(f"--shard={text!r} must be K/N with integers 0 <= K < N")
-    k, n = int(index), int(count)
-    if n < 1 or k >= n:
-        raise ValueError(f"--shard={text!r} must be K/N with integers 0 <= K < N")
-    return k, n
+    if index.strip() == AUTO:
+        total = _natural(count) if slash else None
+        if slash and not total:
+            raise ValueError(f"--shard={text!r} {_SHARD_RULE}")
+        return shard_from_environment(total, environ)
+    k, n = _natural(index), _natural(count)
+    if k is None or not n or k >= n:
+        raise ValueError(f"--shard={text!r} {_SHARD_RULE}")
+    return Shard(k, n)
+
+
+def shard_from_environment(count: int | None, environ: Mapping[str, str] = os.environ) -> Shard:
+    """The shard of this task of a Slurm job array (``SLURM_ARRAY_TASK_ID`` counted from
+    ``SLURM_ARRAY_TASK_MIN`` in steps of ``SLURM_ARRAY_TASK_STEP``, so ``--array=1-N`` and
+    ``--array=0-(N-1)`` both give shards 0..N-1; N defaults to ``SLURM_ARRAY_TASK_COUNT``) or of
+    a Kubernetes Indexed Job (``JOB_COMPLETION_INDEX``; N must be given: the pod does not see
+    ``completions``). ValueError naming the variable that is missing, malformed or out of range."""
+    slurm, indexed = SLURM_TASK_ID in environ, JOB_COMPLETION_INDEX in environ
+    if slurm == indexed:
+        which = "both are set: unset one" if slurm else "neither is set"
+        raise ValueError(
+            f"--shard auto takes K from {SLURM_TASK_ID} (Slurm job array) or "
+            f"{JOB_COMPLETION_INDEX} (Kubernetes Indexed Job); {which}, or give --shard K/N"
+        )
+    if indexed:
+        if count is None:
+            raise ValueError(
+                f"--shard auto with {JOB_COMPLETION_INDEX} needs the shard count: --shard auto/N "
+                "with N the Indexed Job's completions"
+            )
+        variable, index = JOB_COMPLETION_INDEX, _environment_int(environ, JOB_COMPLETION_INDEX)
+        where = f"{variable}={index}"
+    else:
+        task = _environment_int(environ, SLURM_TASK_ID)
+        first = _environment_int(environ, SLURM_TASK_MIN)
+        step = _environment_int(environ, SLURM_TASK_STEP) if SLURM_TASK_STEP in environ else 1
+        tasks = _environment_int(environ, SLURM_TASK_COUNT) if SLURM_TASK_COUNT in environ else None
+        if count is None and not tasks:
+            got = "is not set" if tasks is None else "is 0"
+            raise ValueError(f"--shard auto: {SLURM_TASK_COUNT} {got}; give N: --shard auto/N")
+        if count is not None and tasks is not None and tasks != count:
+            raise ValueError(
+                f"--shard auto/{count}: {SLURM_TASK_COUNT}={tasks} differs; submit the array "
+                f"with {count} tasks (sbatch --array=0-{count - 1})"
+            )
+        count = count if count is not None else tasks
+        variable, where = SLURM_TASK_ID, f"{SLURM_TASK_ID}={task} ({SLURM_TASK_MIN}={first}"
+        where += f", {SLURM_TASK_STEP}={step})"
+        if step < 1 or task < first or (task - first) % step:
+            raise ValueError(f"--shard auto: {where} is not a task of a contiguous array")
+        index = (task - first) // step
+    if index >= count:
+        raise ValueError(
+            f"--shard auto/{count}: {where} gives shard {index}, outside 0..{count - 1}"
+        )
+    return Shard(index, count, variable)
+
+
+def _environment_int(environ: Mapping[str, str], name: str) -> int:
+    value = _natural(environ.get(name, ""))
+    if value is None:
+        got = f"{name} is not set" if name not in environ else f"{name}={environ[name]!r}"
+        raise ValueError(f"--shard auto: {got}; it must be an integer >= 0")
+    return value
+
+
+def _natural(text: str) -> int | None:
+    """``text`` as an integer >= 0 (ASCII digits, surrounding blanks allowed), else None."""
+    return int(text) if re.fullmatch(r"\s*[0-9]+\s*", text) else None
 
 
 def shard_configs(configs: Sequence, index: int, count: int) -> list:
