@@ -56,7 +56,9 @@ def _close_workers():
 @fails_fast
 @settings(max_examples=10, verbosity=Verbosity.quiet)  # quiet: the case's arrays go unprinted
 @given(data=st.data())
-def test_kernel_backward_passes_every_check(kernel: str, data: st.DataObject) -> None:
+def test_kernel_backward_passes_every_check(
+    kernel: str, data: st.DataObject, request: pytest.FixtureRequest
+) -> None:
     """Every generated backward case inside the kernel's declaration passes every check."""
     adapter = kernel_adapter(kernel)
     if not adapter.spec.backward:
