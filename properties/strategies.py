@@ -15,7 +15,6 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Collection
 
 import numpy as np
@@ -66,7 +65,12 @@ from attention_crossval.properties._strategies.varlen import (
     long_decode_cases,
     varlen_batches,
 )
-from attention_crossval.reference.case import INPUT_DTYPES, AttentionCase, CausalAlignment
+from attention_crossval.reference.case import (
+    INPUT_DTYPES,
+    AttentionCase,
+    CausalAlignment,
+    default_softmax_scale,
+)
 from attention_crossval.reference.gradients import BackwardCase
 from attention_crossval.reference.precision import cast_input
 
@@ -132,7 +136,7 @@ def _regular_case(
         shape=shape,
         dtype=dtype,
         mask=mask,
-        softmax_scale=softmax_scale or 1.0 / math.sqrt(shape.D),
+        softmax_scale=softmax_scale or default_softmax_scale(shape.D),
         tile_n=spec.tile_n,
         noise=noise,
     )

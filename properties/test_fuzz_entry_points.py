@@ -320,11 +320,22 @@ def test_replay_names_a_zip_header_it_cannot_read(
 
 @given(name=st.text(max_size=8) | JUNK, timeout=JUNK | st.floats(allow_nan=True))
 def test_kernel_names_and_timeouts_raise_only_value_error(name: Any, timeout: Any) -> None:
-    """A bad name or timeout is refused before any process starts."""
-    with contextlib.suppress(ValueError):
-        factory_path(_real(name))
-    with contextlib.suppress(ValueError):
-        IsolatedKernel("streaming-fa", timeout_s=_real(timeout)).close()  # never started
+    """A bad name or timeout is refused before any process starts; what is accepted is well
+    formed (a ``module:attr`` path, a finite positive time limit)."""
+    try:
+        path = factory_path(_real(name))
+    except ValueError:
+        pass
+    else:
+        module, _, attr = path.partition(":")
+        assert module and attr, path
+    try:
+        kernel = IsolatedKernel("streaming-fa", timeout_s=_real(timeout))
+    except ValueError:
+        pass
+    else:
+        assert math.isfinite(kernel.timeout_s) and kernel.timeout_s > 0, kernel.timeout_s
+        kernel.close()  # never started
 
 
 @given(name=st.text(max_size=300) | st.sampled_from(["../../x", "a/b", "..", "", "x" * 300]))

@@ -177,7 +177,8 @@ def free_property(kernel: str, config: pytest.Config, stream: str = FREE) -> Non
     own, so it draws other cases)."""
     spec = kernel_spec(kernel)
     strategy = attention_cases(spec=spec, max_len=_max_len(spec))
-    _run_property(kernel, config, strategy, _settings_for(spec), stream=stream)
+    ran = _run_property(kernel, config, strategy, _settings_for(spec), stream=stream)
+    assert ran, f"{kernel} declined every case drawn: nothing was checked"
 
 
 def sweep_strategy(spec: KernelSpec, distribution: str, mask_kind: str):

@@ -146,6 +146,11 @@ class CausalAlignment(enum.Enum):
 MAX_SOFTMAX_SCALE = 2.0**20
 
 
+def default_softmax_scale(D: int) -> float:
+    """``1/sqrt(D)``, the scale of a case that names none (D of q and k, not Dv)."""
+    return 1.0 / math.sqrt(D)
+
+
 @dataclass(frozen=True, eq=False)
 class Mask:
     """Which keys each query row may see. All constraints combine with AND.
@@ -340,7 +345,7 @@ class AttentionCase:
     def _check_scale(self) -> None:
         scale = self.softmax_scale
         if scale is None:
-            object.__setattr__(self, "softmax_scale", 1.0 / math.sqrt(self.D))
+            object.__setattr__(self, "softmax_scale", default_softmax_scale(self.D))
             return
         if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating)):
             raise ValueError(f"softmax_scale={scale!r} must be a float")

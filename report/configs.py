@@ -37,6 +37,7 @@ from attention_crossval.reference.case import (
     CausalAlignment,
     Mask,
     check_element_budget,
+    default_softmax_scale,
 )
 from attention_crossval.reference.precision import cast_input
 
@@ -250,7 +251,7 @@ class Config:
             shape=Shape(self.B, self.Sq, self.Sk, self.Hq, self.Hkv, self.D, self.Dv or self.D),
             dtype=self.dtype,
             mask=mask,
-            softmax_scale=self.softmax_scale or 1.0 / math.sqrt(self.D),
+            softmax_scale=self.softmax_scale or default_softmax_scale(self.D),
             tile_n=self.tile_n,
             noise=self.noise,
         )

@@ -8,8 +8,6 @@ every length. Inputs are built by a score distribution's vectorized builder, as 
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from hypothesis import event
 from hypothesis import strategies as st
@@ -17,7 +15,12 @@ from hypothesis import strategies as st
 from attention_crossval.kernel.spec import KernelSpec
 from attention_crossval.properties._strategies.scores import DISTRIBUTIONS, BuildContext
 from attention_crossval.properties._strategies.shapes import Shape
-from attention_crossval.reference.case import AttentionCase, Mask, element_budget
+from attention_crossval.reference.case import (
+    AttentionCase,
+    Mask,
+    default_softmax_scale,
+    element_budget,
+)
 from attention_crossval.reference.precision import cast_input
 
 LONG_KINDS = ("decode", "prefill", "varlen", "ramp")
@@ -67,7 +70,7 @@ def _long_cases(
         shape=Shape(B, Sq, Sk, Hq, Hkv, D, Dv),
         dtype=dtype,
         mask=mask,
-        softmax_scale=1.0 / math.sqrt(D),
+        softmax_scale=default_softmax_scale(D),
         tile_n=spec.tile_n,
         noise=0.0,
     )

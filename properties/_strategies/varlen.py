@@ -11,7 +11,6 @@ sweep that requires it; False: never).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Collection
 
 import numpy as np
@@ -26,7 +25,7 @@ from attention_crossval.properties._strategies.shapes import (
     head_counts,
     tile_aware_lengths,
 )
-from attention_crossval.reference.case import AttentionCase, Mask
+from attention_crossval.reference.case import AttentionCase, Mask, default_softmax_scale
 from attention_crossval.reference.precision import cast_input
 
 PLAIN = ("gaussian", "ramp", "near_ties", "large_v")  # builders that need no key padding
@@ -48,7 +47,7 @@ def _build(
         shape=shape,
         dtype=dtype,
         mask=mask,
-        softmax_scale=1.0 / math.sqrt(shape.D),
+        softmax_scale=default_softmax_scale(shape.D),
         tile_n=spec.tile_n,
         noise=draw(st.sampled_from([0.0, 0.25, 1.0])),
     )
