@@ -308,7 +308,8 @@ def surface_trigger_case(name: str) -> AttentionCase:
 class InProcessKernel:
     """``kernel`` called in this process, an exception it raises reported as an isolated worker
     reports it (``KernelCrashed("error")``, an ``error`` finding), so a hunt needs no worker
-    (a mutated module cannot be imported by one)."""
+    (a mutated module cannot be imported by one). Floating-point warnings are silenced, as in
+    a worker outside pytest: the kernel's output is judged, not its warnings."""
 
     kernel: StreamingAdapter
 
@@ -322,7 +323,8 @@ class InProcessKernel:
 
     def __call__(self, case: AttentionCase) -> AttentionResult:
         try:
-            return self.kernel(case)
+            with np.errstate(all="ignore"):
+                return self.kernel(case)
         except Exception as exc:
             raise KernelCrashed("error", f"{type(exc).__name__}: {exc}") from exc
 
