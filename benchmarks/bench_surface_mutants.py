@@ -1,7 +1,8 @@
 """How fast the surface mutants are caught, over several Hypothesis seeds.
 
 Run from the repository root: ``OPENBLAS_NUM_THREADS=1 python -m benchmarks.bench_surface_mutants
---seeds 10``. Two tables (``--part reference|kernel|both``, default both):
+--seeds 10`` (``--first-seed`` picks another range of seeds). Two tables (``--part
+reference|kernel|both``, default both):
 
 * reference: each mutant of ``properties/mutants_surface.py`` that the float64 agreement
   property hunts (softcap, sinks) is hunted with ``surface_reference_cases`` restricted to its
@@ -65,7 +66,7 @@ def _row(name: str, results: list[HuntResult], seconds: float) -> str:
     return f"| {name} | {' '.join(counts)} | {caught}/{len(results)} | {seconds:.1f} |"
 
 
-def reference_table(seeds: int) -> None:
+def reference_table(seeds: range) -> None:
     print("\n| mutant | examples to catch, per seed | caught | seconds |\n|---|---|---|---|")
     for name, surfaces in HUNTED.items():
         attention = (
@@ -74,7 +75,7 @@ def reference_table(seeds: int) -> None:
             else load_surface_mutant(name).streaming_attention
         )
         results, start = [], time.perf_counter()
-        for s in range(seeds):
+        for s in seeds:
             chosen = settings(max_examples=25, database=None, phases=NO_SHRINK, deadline=None)
             random.seed(s)  # Hypothesis draws its run's seed from the global generator
             results.append(
@@ -89,7 +90,7 @@ def reference_table(seeds: int) -> None:
         print(_row(name, results, time.perf_counter() - start))
 
 
-def kernel_table(seeds: int) -> None:
+def kernel_table(seeds: range) -> None:
     settings.load_profile("ci")
     control = StreamingAdapter()
     spec = control.spec
@@ -104,7 +105,7 @@ def kernel_table(seeds: int) -> None:
     kernels.update({name: InProcessKernel(surface_mutant_kernel(name)) for name in KERNEL_MUTANTS})
     for name, adapter in kernels.items():
         results, start = [], time.perf_counter()
-        for s in range(seeds):
+        for s in seeds:
             seed = derived_seed(s, spec.name)
             results.append(hunt_kernel(adapter, strategy, chosen, seed=seed))
         print(_row(name, results, time.perf_counter() - start), flush=True)
@@ -113,13 +114,15 @@ def kernel_table(seeds: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=10)
+    parser.add_argument("--first-seed", type=int, default=0, help="the first of the seeds")
     parser.add_argument("--part", choices=("reference", "kernel", "both"), default="both")
     args = parser.parse_args()
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
     print(f"machine: {platform.machine()} {os.cpu_count()} CPUs, {platform.python_version()}")
     if args.part in ("reference", "both"):
-        reference_table(args.seeds)
+        reference_table(seeds)
     if args.part in ("kernel", "both"):
-        kernel_table(args.seeds)
+        kernel_table(seeds)
 
 
 if __name__ == "__main__":
