@@ -1,12 +1,16 @@
-"""Deliberately broken streaming tiers for the forward surface (softcap, sinks, hidden keys).
+"""Deliberately broken streaming tiers for the forward surface (softcap, sinks, hidden keys,
+split-KV, paged KV).
 
-Built like :mod:`properties.mutants` (textual mutation of ``reference/streaming.py``, a snippet
-that disappears raises). The softcap and sink mutants are hunted by the same float64 agreement
-property on :func:`surface_reference_cases` (the reference tiers' cases with a softcap or a sink
-set); ``hidden_v_read`` is found by the ``hidden-nan`` harness check (``kernel.hidden_nan``);
-the split-KV combine mutants (``reference/splitkv.py``) by the split-KV agreement property
-(``properties/test_splitkv.py``); the page-table mutant by the paged agreement property
-(``properties/test_paged.py``).
+Built like :mod:`properties.mutants` (textual mutation of ``reference/streaming.py``,
+``reference/splitkv.py`` or ``reference/paged.py``, a snippet that disappears raises). The
+softcap and sink mutants are hunted by the same float64 agreement property on
+:func:`surface_reference_cases` (the reference tiers' cases with a softcap or a sink set);
+``hidden_v_read`` is found by the ``hidden-nan`` harness check (``kernel.hidden_nan``). The
+split-KV and paged mutants (:data:`KERNEL_MUTANTS`) run inside the CPU ``streaming-fa`` kernel
+(:func:`surface_mutant_kernel`), so the kernel suite's own property hunts them
+(:func:`hunt_kernel`) on the default strategy; each has a trigger case
+(:func:`surface_trigger_case`). The split-KV agreement property (``properties/test_splitkv.py``)
+and the paged one (``properties/test_paged.py``) hunt some of them at the reference level too.
 """
 
 from __future__ import annotations

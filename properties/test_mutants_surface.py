@@ -13,6 +13,8 @@ import pytest
 from hypothesis import Phase, find, settings
 from hypothesis import strategies as st
 
+from attention_crossval.kernel import call_options
+from attention_crossval.kernel.adapters import streaming as streaming_adapter
 from attention_crossval.kernel.adapters.streaming import StreamingAdapter
 from attention_crossval.kernel.harness import run_case
 from attention_crossval.properties._strategies.paged import (
@@ -87,9 +89,23 @@ def test_surface_mutants_leave_the_production_modules_alone() -> None:
     assert {name: inspect.getsource(module) for name, module in modules.items()} == before
 
 
+def test_kernel_mutants_leave_streaming_fa_alone() -> None:
+    """A mutant kernel rebinds names in private copies of the adapter and call-option modules:
+    the real ``streaming-fa`` still reads through the real split path and page lookup."""
+    for name in KERNEL_MUTANTS:
+        surface_mutant_kernel(name)
+    assert streaming_adapter.splitkv_attention is reference_splitkv.splitkv_attention
+    assert streaming_adapter.per_sequence is call_options.per_sequence
+    assert call_options.read_pages is reference_paged.read_pages
+    assert StreamingAdapter().combine is reference_splitkv.combine
+
+
 def test_unknown_surface_mutant_is_rejected() -> None:
     with pytest.raises(ValueError, match="name="):
         load_surface_mutant("softcap_twice")
+    for reject in (surface_mutant_kernel, surface_trigger_case):
+        with pytest.raises(ValueError, match="name="):
+            reject("softcap_before_scale")  # a streaming-tier mutant: not a kernel mutant
 
 
 KERNEL_SPEC = StreamingAdapter().spec
