@@ -3,26 +3,32 @@
 Installed with the package, so ``pytest --pyargs attention_crossval.properties -m kernel
 --kernel mypkg.fa:adapter`` works from any directory. torch and CUDA are only touched inside
 hooks, so ``pytest -m cpu`` collects on a machine with neither.
+
+The plugin is a guest in every pytest session of an environment that installs the package, so
+it acts on this package's own tests only: its Hypothesis profiles are namespaced
+(``attention_crossval.<name>``) and loaded only while this package's test modules are imported
+and its tests run, then the session's own profile is restored; its run seed reaches only its
+own tests; BLAS is held to one thread around its tests (threadpoolctl), not through the
+process's environment; GPUs are pinned per xdist worker only when its GPU tests were collected.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import functools
 import hashlib
 import importlib.util
 import os
 import subprocess
+from collections.abc import Iterator
+from pathlib import Path
 
-# OpenBLAS with its default thread count is ~750x slower on small GEMMs on a 2-core VM; this must
-# happen before numpy is imported anywhere (docs/numerics.md, "Small GEMMs").
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-
-from pathlib import Path  # noqa: E402
-
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from hypothesis import HealthCheck, Phase, Verbosity, settings  # noqa: E402
+import hypothesis
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, Phase, Verbosity, settings
+from threadpoolctl import threadpool_limits
 
 # gpu_workers: one GPU per xdist worker; coverage: shape x mask x distribution x dtype tally
 pytest_plugins = ["attention_crossval.kernel.gpu_workers", "attention_crossval.properties.coverage"]
@@ -33,55 +39,46 @@ MARKERS = {
     "kernel": "checks the kernel under test (--kernel); carries cpu or gpu by the kernel's device",
     "blackwell": "needs an SM100 (Blackwell) GPU; skipped elsewhere",
     "slow": "long-running checks (thorough runs)",
+    "backward": "checks the backward pass (dq, dk, dv); set on this package's backward test "
+    "modules (properties/*backward*.py) by the plugin: -m backward runs them alone",
 }
 
+PROFILE_PREFIX = "attention_crossval."
+PROFILE_ENV = "ATTENTION_CROSSVAL_PROFILE"
 _SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large]
 # No explain phase: it replays variants of the shrunk example and can leave a larger case as the
 # one reported (measured: B=2, Sq=513 shown although a 1x1 case failed first).
 _PHASES = tuple(phase for phase in Phase if phase is not Phase.explain)
-settings.register_profile(
-    "dev", max_examples=25, deadline=None, suppress_health_check=_SLOW_OK, phases=_PHASES
-)
-settings.register_profile(
-    "ci",
-    parent=settings.get_profile("ci"),  # Hypothesis' own: no database, print_blob
-    max_examples=60,
-    deadline=None,
-    suppress_health_check=_SLOW_OK,
-    phases=_PHASES,
-    derandomize=False,  # seeded per run instead (run_seed): reproducible, yet new cases per commit
-)
-settings.register_profile(
-    "thorough", max_examples=2000, deadline=None, suppress_health_check=_SLOW_OK, phases=_PHASES
-)
-# A fixed-size load for throughput measurements (benchmarks/bench_multi_gpu.py).
-settings.register_profile(
-    "soak", max_examples=100, deadline=None, suppress_health_check=_SLOW_OK, derandomize=True
-)
-settings.register_profile(
-    "debug",
-    max_examples=10,
-    deadline=None,
-    verbosity=Verbosity.verbose,
-    suppress_health_check=_SLOW_OK,
-    phases=_PHASES,
-)
-# Metered GPU time: the first failure of each test is reported as drawn, not shrunk (a shrink
-# step is a kernel call, often a new compile), so one run lists every failing feature.
-settings.register_profile(
-    "triage",
-    max_examples=25,
-    deadline=None,
-    suppress_health_check=_SLOW_OK,
-    phases=(Phase.explicit, Phase.reuse, Phase.generate),
-)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+
+
+def _profile(**changes: object) -> settings:
+    """A profile built on Hypothesis' ``default`` one (not on whatever profile is loaded when
+    this module is imported: under CI that is Hypothesis' derandomized ``ci``)."""
+    base = {"deadline": None, "suppress_health_check": _SLOW_OK, "phases": _PHASES}
+    return settings(settings.get_profile("default"), **(base | changes))
+
+
+PROFILES = {
+    "dev": _profile(max_examples=25),
+    # seeded per run instead of derandomized (run_seed): reproducible, yet new cases per commit
+    "ci": _profile(max_examples=60, database=None, print_blob=True),
+    "thorough": _profile(max_examples=2000),
+    # a fixed-size load for throughput measurements (benchmarks/bench_multi_gpu.py)
+    "soak": _profile(max_examples=100, derandomize=True, phases=tuple(Phase)),
+    "debug": _profile(max_examples=10, verbosity=Verbosity.verbose),
+    # Metered GPU time: the first failure of each test is reported as drawn, not shrunk (a shrink
+    # step is a kernel call, often a new compile), so one run lists every failing feature.
+    "triage": _profile(max_examples=25, phases=(Phase.explicit, Phase.reuse, Phase.generate)),
+}
+for _name, _settings in PROFILES.items():
+    settings.register_profile(PROFILE_PREFIX + _name, _settings)
 
 SEED_ENV = "ATTENTION_CROSSVAL_SEED"
 # Profiles whose runs get one seed per run (a fixed, printed seed); the others draw a random seed
 # per test, as Hypothesis does by default, unless --hypothesis-seed or $ATTENTION_CROSSVAL_SEED.
 SEEDED_PROFILES = frozenset({"ci"})
 _RUN_SEED = pytest.StashKey[tuple[int | None, str]]()
+_PROFILE = pytest.StashKey[str]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -89,7 +86,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "attention_crossval_strict",
         type="bool",
         default=False,
-        help="refuse every collected test not marked cpu or gpu (this package's own tests always)",
+        help="treat every collected test as this package's own: each must be marked cpu or gpu, "
+        "and runs under its profile, seed and BLAS limit (its own tests always do)",
     )
     group = parser.getgroup("attention", "attention kernel cross-validation")
     group.addoption(
@@ -101,6 +99,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--list-kernels`) or a dotted path package.module:attr; repeatable",
     )
     group.addoption(
+        "--attention-profile",
+        default=None,
+        choices=sorted(PROFILES),
+        help="Hypothesis profile for this package's tests only (default: "
+        "$ATTENTION_CROSSVAL_PROFILE, else ci when $CI is set, else dev); other tests keep the "
+        "session's own profile",
+    )
+    group.addoption(
         "--report-dir",
         default=None,
         metavar="DIR",
@@ -108,20 +114,70 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-@pytest.hookimpl(tryfirst=True)  # before Hypothesis' own hook reads --hypothesis-seed
 def pytest_configure(config: pytest.Config) -> None:
     for name, description in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {description}")
     report_dir = config.getoption("--report-dir")
     if report_dir:  # where properties.replay saves failing cases (.npz)
         os.environ["ATTENTION_REPORT_DIR"] = str(report_dir)
-    seed, source = _choose_run_seed(config)
-    config.stash[_RUN_SEED] = (seed, source)
-    if seed is not None and config.getoption("hypothesis_seed", None) is None:
-        config.option.hypothesis_seed = str(seed)  # Hypothesis' plugin sets its global seed
+    config.stash[_PROFILE] = _choose_profile(config)
+    config.stash[_RUN_SEED] = _choose_run_seed(config, config.stash[_PROFILE])
 
 
-def _choose_run_seed(config: pytest.Config) -> tuple[int | None, str]:
+def _choose_profile(config: pytest.Config) -> str:
+    """--attention-profile, else $ATTENTION_CROSSVAL_PROFILE (or $HYPOTHESIS_PROFILE when it names
+    one of ours), else ci under CI, else dev."""
+    for chosen, where in (
+        (config.getoption("--attention-profile"), "--attention-profile"),
+        (os.environ.get(PROFILE_ENV), f"${PROFILE_ENV}"),
+    ):
+        if chosen:
+            if chosen not in PROFILES:
+                raise pytest.UsageError(f"{where}={chosen!r} must be one of {sorted(PROFILES)}")
+            return chosen
+    if os.environ.get("HYPOTHESIS_PROFILE") in PROFILES:
+        return os.environ["HYPOTHESIS_PROFILE"]
+    return "ci" if os.environ.get("CI") else "dev"
+
+
+def profile_name(config: pytest.Config) -> str:
+    """The short name of the profile this package's tests run under."""
+    return config.stash[_PROFILE]
+
+
+@contextlib.contextmanager
+def own_profile(config: pytest.Config) -> Iterator[None]:
+    """This package's profile loaded for the duration, the session's own restored after."""
+    getter = getattr(settings, "get_current_profile_name", None)  # Hypothesis >= 6.106
+    previous = getter() if getter else settings._current_profile
+    settings.load_profile(PROFILE_PREFIX + profile_name(config))
+    try:
+        yield
+    finally:
+        settings.load_profile(previous)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector):
+    """Import this package's test modules under its profile: ``@given`` and ``@settings`` take
+    their defaults from the profile loaded when they run at import."""
+    if isinstance(collector, pytest.Module) and _owns(collector.config, collector.path):
+        with own_profile(collector.config):
+            return (yield)
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """Run this package's tests under its profile, with BLAS on one thread (OpenBLAS with its
+    default pool is far slower on the tiers' small GEMMs: docs/numerics.md, "Small GEMMs")."""
+    if not _is_ours(item):
+        return (yield)
+    with own_profile(item.config), threadpool_limits(limits=1, user_api="blas"):
+        return (yield)
+
+
+def _choose_run_seed(config: pytest.Config, profile: str) -> tuple[int | None, str]:
     """``(seed, where it came from)``: --hypothesis-seed, else $ATTENTION_CROSSVAL_SEED, else
     (seeded profiles only) the git commit of the rootdir, else today's UTC date; None: random."""
     given = config.getoption("hypothesis_seed", None)
@@ -129,7 +185,6 @@ def _choose_run_seed(config: pytest.Config) -> tuple[int | None, str]:
         return _as_seed(given, "--hypothesis-seed"), "--hypothesis-seed"
     if os.environ.get(SEED_ENV):
         return _as_seed(os.environ[SEED_ENV], SEED_ENV), f"${SEED_ENV}"
-    profile = config.getoption("hypothesis_profile", None) or settings.get_current_profile_name()
     if profile not in SEEDED_PROFILES:
         return None, f"random per test ({profile} profile)"
     commit = _git_head(config.rootpath)
@@ -186,18 +241,28 @@ def _is_blackwell() -> bool:
     return torch.cuda.get_device_capability()[0] == 10
 
 
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """This package's backward tests carry the ``backward`` marker (``-m backward``), set as each
+    is collected, before ``-m`` deselects."""
+    if item.path.parent == _tests_dir() and "backward" in item.path.stem:
+        item.add_marker(pytest.mark.backward)
+
+
+@pytest.hookimpl(trylast=True)  # after -m/-k deselection: only the tests that will run
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    ours = [item for item in items if _is_ours(item)]
+    own = [item for item in items if _is_ours(item)]
     unmarked = [
-        item.nodeid for item in ours if not ({"cpu", "gpu"} & {m.name for m in item.iter_markers()})
+        item.nodeid for item in own if not ({"cpu", "gpu"} & {m.name for m in item.iter_markers()})
     ]
     if unmarked:
         raise pytest.UsageError(f"every test must be marked cpu or gpu; unmarked: {unmarked[:5]}")
-    from attention_crossval.kernel.gpu_workers import cuda_available
-
-    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
+    _seed_own_tests(config, own)
+    gpu_items = [item for item in own if item.get_closest_marker("gpu")]
     if not gpu_items:
         return
+    from attention_crossval.kernel.gpu_workers import cuda_available, pin_worker_gpu
+
+    pin_worker_gpu(config)  # before CUDA is first probed in this process
     has_cuda, reason = cuda_available()
     for item in gpu_items:
         if not has_cuda:
@@ -206,10 +271,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason="needs an SM100 (Blackwell) GPU; none here"))
 
 
+def _seed_own_tests(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Give this package's Hypothesis tests the run seed (``hypothesis.seed``), leaving other
+    tests and derandomized ones alone (an explicit seed would override ``derandomize``)."""
+    seed = run_seed(config)
+    if seed is None or config.getoption("hypothesis_seed", None) is not None:
+        return  # random per test, or Hypothesis' own --hypothesis-seed applies to every test
+    for item in items:
+        test = getattr(item, "obj", None)
+        used = getattr(test, "_hypothesis_internal_use_settings", None)
+        if getattr(test, "is_hypothesis_test", False) and not (used and used.derandomize):
+            hypothesis.seed(seed)(test)
+
+
 def _is_ours(item: pytest.Item) -> bool:
-    """Tests of this package, or every test where the ini option ``attention_crossval_strict``
-    is set: a user's own unrelated tests are never refused for lacking a cpu/gpu marker."""
-    return item.path.parent == _tests_dir() or bool(item.config.getini("attention_crossval_strict"))
+    """A test of this package's own suite (the checkout's properties/ or the installed copy), or
+    any test where the ini option ``attention_crossval_strict`` is set: a user's own tests are
+    never refused for lacking a cpu/gpu marker, nor run under this package's profile."""
+    return _owns(item.config, item.path)
+
+
+def _owns(config: pytest.Config, path: Path) -> bool:
+    return path.parent == _tests_dir() or bool(config.getini("attention_crossval_strict"))
 
 
 @functools.cache
@@ -218,20 +301,26 @@ def _tests_dir() -> Path:
     return Path(importlib.util.find_spec("attention_crossval.properties").origin).resolve().parent
 
 
-def pytest_report_header(config: pytest.Config) -> list[str]:
+def pytest_report_collectionfinish(config: pytest.Config, items: list[pytest.Item]) -> list[str]:
+    """The run's settings, printed only in sessions that collected this package's tests (the
+    GPU probe imports torch, which a guest must not do in other people's sessions)."""
+    own = [item for item in items if _is_ours(item)]
+    if not own:
+        return []
     import mpmath
 
-    from attention_crossval.kernel.gpu_workers import cuda_available
+    from attention_crossval.kernel.gpu_workers import cuda_available, worker_gpus_line
 
-    has_cuda, gpu = (
-        cuda_available() if config.getoption("-m") != "cpu" else (False, "not probed (-m cpu)")
-    )
-    profile = settings.get_current_profile_name()
+    wants_gpu = any(item.get_closest_marker("gpu") for item in own)
+    gpu = cuda_available()[1] if wants_gpu else "not probed (no gpu test selected)"
     seed, source = config.stash[_RUN_SEED]
     shown = f"--hypothesis-seed={seed} ({source}; kernels get seeds derived from it)"
-    return [
+    lines = [
         f"numpy {np.__version__}, mpmath {mpmath.__version__} (backend {mpmath.libmp.BACKEND})",
-        f"hypothesis profile: {profile}; OPENBLAS_NUM_THREADS={os.environ['OPENBLAS_NUM_THREADS']}",
-        f"hypothesis seed: {shown if seed is not None else source}",
+        f"attention-crossval profile: {profile_name(config)} (--attention-profile, for its own "
+        "tests only); BLAS on one thread in them",
+        f"attention-crossval seed: {shown if seed is not None else source}",
         f"gpu: {gpu}",
     ]
+    workers = worker_gpus_line(config) if wants_gpu else None
+    return lines + ([workers] if workers else [])

@@ -2,7 +2,7 @@
 
 Run from the repository root: ``OPENBLAS_NUM_THREADS=1 python -m benchmarks.bench_mutants``.
 Uses the ``ci`` Hypothesis profile as registered by the pytest plugin (derandomized, so the numbers
-repeat), without the example database. Prints two Markdown tables for the README:
+repeat), without the example database. Prints two Markdown tables for docs/mutants.md:
 
 1. every mutant hunted with ``attention_cases()`` (all distributions), shrinking included:
    examples until the first counterexample, seconds to it, total seconds with shrinking, the

@@ -2,8 +2,9 @@
 
 The controller lists the GPUs it may use (``CUDA_VISIBLE_DEVICES``, else ``nvidia-smi -L``)
 without initialising CUDA, and hands worker ``gwK`` the K-th of them (round robin) through
-xdist's ``workerinput``. The worker sets ``CUDA_VISIBLE_DEVICES`` in ``pytest_configure``,
-before any test imports torch, so each process sees exactly one device as ``cuda:0``.
+xdist's ``workerinput``. The worker sets ``CUDA_VISIBLE_DEVICES`` (:func:`pin_worker_gpu`)
+once its collection holds this package's GPU tests and before CUDA is first probed, so each
+process sees exactly one device as ``cuda:0``.
 """
 
 from __future__ import annotations
@@ -55,15 +56,19 @@ def pytest_configure_node(node) -> None:  # xdist controller hook, one call per 
         node.workerinput[_WORKER_GPU_KEY] = gpu
 
 
-def pytest_configure(config: pytest.Config) -> None:
+def pin_worker_gpu(config: pytest.Config) -> None:
+    """In an xdist worker given a GPU, make it the only visible one (before CUDA is probed).
+    Called by the package's plugin only when its GPU tests were collected, so a user's own
+    ``pytest -n`` session without them keeps its devices."""
     workerinput = getattr(config, "workerinput", None)
     if workerinput and _WORKER_GPU_KEY in workerinput:
         os.environ["CUDA_VISIBLE_DEVICES"] = workerinput[_WORKER_GPU_KEY]
 
 
-def pytest_report_header(config: pytest.Config) -> str | None:
+def worker_gpus_line(config: pytest.Config) -> str | None:
+    """How xdist workers share the GPUs, for the run's header (None without xdist)."""
     workers = getattr(config.option, "numprocesses", None)
     if not workers:
         return None
-    gpus = visible_gpus()
-    return f"gpu workers: {workers} xdist workers over GPUs {gpus or 'none'} (round robin)"
+    gpus = visible_gpus() or "none"
+    return f"gpu workers: {workers} xdist workers over GPUs {gpus} (round robin)"

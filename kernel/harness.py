@@ -11,9 +11,10 @@ Checks (``CHECKS``, one vocabulary for findings and adapters). Always applied: `
 ``crash`` / ``timeout`` (the latter two in an isolated worker, :mod:`kernel.isolation`; the case
 is saved as .npz and a fresh worker continues), ``shape`` (``o`` / ``lse`` not float arrays of
 the layout's shapes), ``input-write`` (q, k, v or the explicit mask changed by the call),
-``empty-rows`` (empty rows, and padded query
-rows of a ``padded_rows="zero"`` kernel, differ from O = 0 / LSE = -inf or the declared
-convention), ``lse`` (also: ``spec.returns_lse`` but no LSE returned). Applied where the
+``empty-rows`` (empty rows, and padded query rows of a ``padded_rows="zero"`` kernel, differ
+from O = 0 / LSE = -inf or the declared convention; like every tolerance check, through
+:func:`reference.compare.outside_tolerance`, which matches an infinite expected value
+exactly), ``lse`` (also: ``spec.returns_lse`` but no LSE returned). Applied where the
 adapter's ``checks`` (a subset of :data:`ADAPTER_CHECKS`) names them: ``output-guard`` (a guard
 band around ``o``/``lse`` changed), ``unwritten`` (the NaN prefill survives where the kernel
 must write), ``padding-read`` (non-finite only when padding, or the unused slots of a paged
@@ -37,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from attention_crossval.kernel.cause_hints import with_cause_hints
 from attention_crossval.kernel.hidden_nan import hidden_nan_findings
 from attention_crossval.kernel.isolation import (
     Declined,
@@ -47,9 +49,12 @@ from attention_crossval.kernel.isolation import (
     private_copy,
 )
 from attention_crossval.kernel.references import reference_findings
+from attention_crossval.kernel.saved_cases import kernel_spelling, store_kernel
 from attention_crossval.kernel.spec import KernelAdapter, KernelSpec
 from attention_crossval.kernel.verdict import CHECKS, CheckFailed, Finding, Verdict
 from attention_crossval.reference.case import AttentionCase, AttentionResult
+from attention_crossval.reference.compare import outside_tolerance
+from attention_crossval.reference.file_names import safe_file_name
 from attention_crossval.reference.masks import empty_rows
 
 __all__ = [
@@ -151,8 +156,10 @@ def run_case(
         # the caller's case (the references are computed from it) or the next run's
         return execute(adapter, private_copy(which), prefill)
 
+    raw = None  # the kernel's last result, untranslated: what the cause hints read
     try:
         runs = [call(poisoned, "nan" if i == 0 else "zero") for i in range(repeats)]
+        raw = runs[-1].result
         findings, declared, result = _shape_findings(case, runs), [], None
         if not findings:
             findings, declared, result = _analyse(
@@ -173,8 +180,13 @@ def run_case(
         return Verdict(spec.name, case.describe(), skipped=f"declined by the kernel: {declined}")
     if compare and result is not None and not any(f.check in _BLOCKING for f in findings):
         findings += reference_findings(case, result, spec, exact_rows=exact_rows)
+    if findings and result is not None and raw is not None:
+        findings = with_cause_hints(case, raw, findings)
     if findings and finding_dir is not None:
         path = _save(case, spec.name, findings[0].check, finding_dir)
+        kernel = kernel_spelling(isolated.kernel if isolated else None, spec.name)
+        if kernel is not None:  # for replay to rerun
+            store_kernel(path, kernel)
         findings = [Finding(f.check, f.message, str(path)) for f in findings]
     return Verdict(
         spec.name,
@@ -207,7 +219,9 @@ def _save(case: AttentionCase, kernel: str, check: str, directory: str | Path) -
     hasher = hashlib.sha256(case.describe().encode())
     for array in (case.q, case.k, case.v):
         hasher.update(np.ascontiguousarray(array).tobytes())
-    return case.save(directory / f"{kernel}-{check}-{hasher.hexdigest()[:16]}.npz")
+    return case.save(
+        directory / safe_file_name(kernel, check, hasher.hexdigest()[:16], suffix=".npz")
+    )
 
 
 def _shape_findings(case: AttentionCase, runs: list[Run]) -> list[Finding]:
@@ -292,28 +306,35 @@ def _analyse(
         if unwritten.any():
             message = _rows_message(unwritten, "rows kept the NaN prefill (never written)")
             findings.append(Finding("unwritten", message))
+    reported = unwritten.copy()
     if rows.bad(last).any():
-        findings += _nonfinite_findings(checks, rows, last, clean_run)
+        nonfinite, reported_nonfinite = _nonfinite_findings(checks, rows, last, clean_run)
+        findings += nonfinite
+        reported |= reported_nonfinite
     if spec.deterministic and "determinism" in checks and len(runs) > 1:
         findings += _determinism_findings(first, last, rows.must_write & ~unwritten)
-    result, declared, empty_findings = _translate(spec, last, rows, rows.bad(last) | unwritten)
+    result, declared, empty_findings = _translate(spec, last, rows, reported)
     return findings + empty_findings, declared, result
 
 
 def _nonfinite_findings(
     checks: frozenset[str], rows: _Rows, last: AttentionResult, clean_run: Any
-) -> list[Finding]:
-    """Tell NaN-padding reads (``padding-read``) from non-finite values on clean inputs."""
+) -> tuple[list[Finding], np.ndarray]:
+    """Tell NaN-padding reads (``padding-read``) from non-finite values on clean inputs; with
+    the rows reported (a row neither applied check reports stays for ``empty-rows``)."""
     findings = []
     clean_bad = rows.bad(clean_run())
     leaked = rows.bad(last) & ~clean_bad
+    reported = np.zeros_like(leaked)
     if leaked.any() and "padding-read" in checks:
         what = "rows non-finite with NaN padding but finite with zero padding"
         findings.append(Finding("padding-read", _rows_message(leaked, what)))
+        reported |= leaked
     if clean_bad.any() and "nonfinite" in checks:
         what = "rows non-finite with zero padding (NaN only in input guard bands, if any)"
         findings.append(Finding("nonfinite", _rows_message(clean_bad, what)))
-    return findings
+        reported |= clean_bad
+    return findings, reported
 
 
 def _bits(values: np.ndarray) -> np.ndarray:
@@ -362,12 +383,11 @@ def _translate(
     checked = rows.empty & rows.must_write & ~reported
     if checked.any():
         rows_o = o[checked]
-        allowed = np.isnan(rows_o) | (rows_o == 0) if spec.empty_rows == "nan" else rows_o == 0
-        wrong = ~allowed.all(axis=-1)
+        nan_ok = spec.empty_rows == "nan"
+        wrong = outside_tolerance(rows_o, 0.0, 0.0, nan_ok=nan_ok).any(axis=-1)
         if lse is not None:  # -inf exactly; a sink within 2^-20 relative (fp32 log2 round trip)
             got, expected = lse.transpose(0, 2, 1)[checked], rows.empty_lse[checked]
-            with np.errstate(invalid="ignore"):
-                wrong |= ~((got == expected) | (np.abs(got - expected) <= 2**-20 * abs(expected)))
+            wrong |= outside_tolerance(got, expected, 2**-20 * np.abs(expected))
         if wrong.any():
             findings.append(
                 Finding(

@@ -42,8 +42,11 @@ from attention_crossval.kernel.isolation import (
     watch_inputs,
 )
 from attention_crossval.kernel.references_backward import GRADIENTS, BackwardReferences
+from attention_crossval.kernel.saved_cases import kernel_spelling, store_kernel
 from attention_crossval.kernel.spec import BackwardKernelAdapter, KernelAdapter, KernelSpec
 from attention_crossval.kernel.verdict import Finding, Verdict
+from attention_crossval.reference.compare import outside_tolerance
+from attention_crossval.reference.file_names import safe_file_name
 from attention_crossval.reference.gradients import BackwardCase, Gradients
 from attention_crossval.reference.masks import visible
 
@@ -199,7 +202,7 @@ def run_backward_case(
     if compare and clean is not None and any(f.check == "nonfinite" for f in findings):
         refs = references or BackwardReferences(case, samples=samples, device=spec.device)
         bounds = refs.bounds(spec.backward_precision_for(case.forward.dtype), spec.tile_n)
-        findings, note = _excuse_overflow(findings, clean, expected, bounds)
+        findings, note = _excuse_overflow(findings, clean, expected, refs.float64(), bounds)
         expected = dataclasses.replace(expected, notes=expected.notes + note)
     if compare and result is not None and not any(f.check in _BLOCKING for f in findings):
         refs = refs or references or BackwardReferences(case, samples=samples, device=spec.device)
@@ -208,6 +211,9 @@ def run_backward_case(
         findings += bound_findings(refs, spec, tested)
     if findings and finding_dir is not None:
         path = _save(case, spec.name, findings[0].check, finding_dir)
+        kernel = kernel_spelling(isolated.kernel if isolated else None, spec.name)
+        if kernel is not None:  # for replay to rerun
+            store_kernel(path, kernel)
         findings = [Finding(f.check, f.message, str(path)) for f in findings]
     return BackwardVerdict(
         spec.name,
@@ -234,7 +240,8 @@ def _save(case: BackwardCase, kernel: str, check: str, directory: str | Path) ->
     hasher = hashlib.sha256(case.forward.describe().encode())
     for array in (case.forward.q, case.forward.k, case.forward.v, case.do):
         hasher.update(np.ascontiguousarray(array).tobytes())
-    return case.save(directory / f"{kernel}-backward-{check}-{hasher.hexdigest()[:16]}.npz")
+    name = safe_file_name(kernel, "backward", check, hasher.hexdigest()[:16], suffix=".npz")
+    return case.save(directory / name)
 
 
 @dataclass(frozen=True)
@@ -314,20 +321,24 @@ def _analyse(
         if message:
             findings.append(Finding("unwritten", message))
     clean = None
+    reported = {g: unwritten[g].copy() for g in GRADIENTS}  # rows an applied check reports
     if any(bad.any() for bad in bad_last.values()):
         clean = clean_run()
         clean_bad = expected.bad(clean)
         leaked = {g: bad_last[g] & ~clean_bad[g] for g in GRADIENTS}
-        message = _rows_message(leaked, "rows non-finite with NaN padding, finite with zeros")
-        if message and "padding-read" in checks:
-            findings.append(Finding("padding-read", message))
-        message = _rows_message(clean_bad, "rows non-finite with zero padding")
-        if message and "nonfinite" in checks:
-            findings.append(Finding("nonfinite", message))
-    reported = {g: bad_last[g] | unwritten[g] for g in GRADIENTS}
+        for check, rows, what in (
+            ("padding-read", leaked, "rows non-finite with NaN padding, finite with zeros"),
+            ("nonfinite", clean_bad, "rows non-finite with zero padding"),
+        ):
+            message = _rows_message(rows, what)
+            if message and check in checks:
+                findings.append(Finding(check, message))
+                reported = {g: reported[g] | rows[g] for g in GRADIENTS}
     result = expected.translate(last)
     nonzero = {
-        g: (getattr(result, g) != 0).any(axis=-1) & expected.zero[g] & ~reported[g]
+        g: outside_tolerance(getattr(result, g), 0.0, 0.0).any(axis=-1)
+        & expected.zero[g]
+        & ~reported[g]
         for g in GRADIENTS
     }
     what = "rows nonzero where the convention has zero (empty rows, keys no query sees, padding)"
@@ -338,17 +349,27 @@ def _analyse(
 
 
 def _excuse_overflow(
-    findings: list[Finding], clean: Gradients, expected: _Expected, bounds: Any
+    findings: list[Finding],
+    clean: Gradients,
+    expected: _Expected,
+    reference: Gradients,
+    bounds: Any,
 ) -> tuple[list[Finding], tuple[str, ...]]:
     """The ``nonfinite`` finding without the rows whose non-finite values the declared chain
-    allows: +-inf where its bound is inf (the output past its largest finite value), anything
-    where a 16-bit dS may overflow (``*_undefined``); and a note counting the rows excused."""
+    allows against the float64 ``reference`` (:func:`reference.compare.outside_tolerance`):
+    +-inf where its bound is inf (the output past its largest finite value), anything where a
+    16-bit dS may overflow (``*_undefined``); and a note counting the rows excused."""
     remaining, excused = {}, {}
     for g in GRADIENTS:
-        values, bound = np.asarray(getattr(clean, g)), getattr(bounds, g)
-        allowed = np.isinf(bound) & (np.isinf(values) | getattr(bounds, f"{g}_undefined"))
+        values, bound, ref = (np.asarray(getattr(x, g)) for x in (clean, bounds, reference))
+        overflow = np.isinf(bound)
         bad = ~np.isfinite(values) & expected.must_write[g][..., None]
-        remaining[g] = (bad & ~allowed).any(axis=-1)
+        compared = bad & ~np.isnan(ref)  # a NaN reference excuses nothing
+        refused = outside_tolerance(
+            values, ref, bound, where=compared, inf_ok=overflow,
+            nan_ok=overflow & getattr(bounds, f"{g}_undefined"), name=f"{g} bound",
+        )  # fmt: skip
+        remaining[g] = ((bad & ~compared) | refused).any(axis=-1)
         excused[g] = bad.any(axis=-1) & ~remaining[g]
     if not any(rows.any() for rows in excused.values()):
         return findings, ()

@@ -162,8 +162,13 @@ def _die_with_parent(parent_pid: int) -> None:
 
 
 def _worker_main(kernel: str, conn: Any, parent_pid: int) -> None:
-    """Worker loop: resolve the kernel once, send its declaration, then answer run messages."""
+    """Worker loop: resolve the kernel once, send its declaration, then answer run messages.
+    The working directory comes first on the import path, as under ``python -m``, so that
+    ``--kernel kernel.fa:adapter`` finds the user's module from their repository's root under the
+    ``pytest`` and ``attention-report`` scripts too (whose own path entry is their bin folder)."""
     _die_with_parent(parent_pid)
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     from attention_crossval.kernel.harness import applied_checks
     from attention_crossval.kernel.harness_backward import backward_checks
     from attention_crossval.kernel.registry import resolve

@@ -84,6 +84,11 @@ class KernelSpec:
       at that D (e.g. 16 where its tiles are 64, 80 and 112), for the bound and the emulation;
       a D not listed uses ``tile_n``. Finer blocks only count more rescales, so the bound stays
       rigorous for any tiling whose edges fall on the declared block edges.
+    * ``validates_lengths``: its API refuses (raises) valid lengths that disagree with its
+      tensors: a length past the padded length, a negative one, a count other than B, and
+      (packed layout) offsets past the packed rows. A kernel that trusts them reads past its
+      tensors (xformers#1122); properties/test_length_validation.py hands such lengths to the
+      kernels declaring it, with NaN guard bands past the tensors (docs/adapters.md).
     """
 
     name: str
@@ -115,6 +120,7 @@ class KernelSpec:
     max_splits: int = 1
     layouts: frozenset[str] = frozenset({"padded"})
     kv_blocks: dict[int, int] = field(default_factory=dict)
+    validates_lengths: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -134,7 +140,9 @@ class KernelSpec:
         for name in ("device", "empty_rows", "padded_rows"):
             if not isinstance(getattr(self, name), str):
                 raise ValueError(f"spec.{name}={getattr(self, name)!r} must be a str")
-        for name in ("gqa", "returns_lse", "deterministic", "softcap", "sink", "paged"):
+        for name in (
+            "gqa", "returns_lse", "deterministic", "softcap", "sink", "paged", "validates_lengths"
+        ):  # fmt: skip
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise ValueError(f"spec.{name}={getattr(self, name)!r} must be a bool")
         if not isinstance(self.causal_alignment, CausalAlignment):

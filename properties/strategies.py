@@ -61,7 +61,11 @@ from attention_crossval.properties._strategies.shapes import (
 )
 from attention_crossval.properties._strategies.splits import num_splits_of, splitkv_cases
 from attention_crossval.properties._strategies.surface import SURFACES, surface_cases
-from attention_crossval.properties._strategies.varlen import long_decode_cases, varlen_batches
+from attention_crossval.properties._strategies.varlen import (
+    PLAIN,
+    long_decode_cases,
+    varlen_batches,
+)
 from attention_crossval.reference.case import INPUT_DTYPES, AttentionCase, CausalAlignment
 from attention_crossval.reference.gradients import BackwardCase
 from attention_crossval.reference.precision import cast_input
@@ -145,15 +149,17 @@ def _attention_cases(
     max_len: int,
     features: tuple[str, ...],
     required_features: frozenset[str],
+    base_options: dict,
 ) -> AttentionCase:
     bases = [b for b in BASES if b in required_features] or [b for b in BASES if b in features]
     base = "regular"
     if bases and (bases[0] in required_features or draw(st.integers(0, 7)) == 7):
         base = draw(st.sampled_from(bases))
     if base == "varlen_batch":
-        case = draw(varlen_batches(spec=spec, max_len=max_len))
+        case = draw(varlen_batches(spec=spec, max_len=max_len, **base_options))
     elif base == "long_decode":
-        case = draw(long_decode_cases(spec=spec, **long_decode_options(spec)))
+        options = long_decode_options(spec)
+        case = draw(long_decode_cases(spec=spec, **options, **base_options))
     else:
         case = draw(regular)
     case = add_features(draw, case, spec, features, required_features)
@@ -206,7 +212,9 @@ def attention_cases(
       paged, splits, packed, varlen batches of 3+, long decode) that may be drawn, each about
       one case in four (the two base features one in eight); default: every one a given
       ``spec`` declares (:func:`spec_features`), none for ``spec=None``. varlen_batch and
-      long_decode need the default dtypes, head dims and distributions (they draw their own).
+      long_decode draw their own dtypes and head dims (so need the default ones), take their
+      scores from ``distributions`` and are causal or not: they are drawn only where those
+      meet ``required_mask_kinds``.
       ``required_features``: features every case has. The label gains
       ``features=<a+b>`` read from the finished case (:func:`case_features`).
 
@@ -235,14 +243,6 @@ def attention_cases(
             f"required_mask_kinds={sorted(required)} must be a subset of mask_kinds={sorted(kinds)}"
         )
     max_len = min(4 * spec.tile_n + 1, spec.max_seqlen) if max_len is None else max_len
-    allowed, required_feats = _features(
-        spec,
-        kernel_alignment is not None,
-        kinds,
-        features,
-        required_features,
-        free=dtypes is None and head_dims is None and distributions is None,
-    )
     if distributions is None:
         names = tuple(
             n for n, d in DISTRIBUTIONS.items() if "varlen" in kinds or not d.needs_key_padding
@@ -253,6 +253,14 @@ def attention_cases(
         needy = [n for n in names if DISTRIBUTIONS[n].needs_key_padding]
         if needy and "varlen" not in kinds:
             raise ValueError(f"distributions={needy} need 'varlen' in mask_kinds={sorted(kinds)}")
+    allowed, required_feats = _features(
+        spec,
+        kernel_alignment is not None,
+        kinds,
+        features,
+        required_features,
+        bases=_usable_bases(names, required, free=dtypes is None and head_dims is None),
+    )
     attention_shapes(
         spec=spec, max_len=max_len, max_batch=max_batch, max_heads=max_heads, head_dims=head_dims
     )  # validates the shape options now rather than at the first draw
@@ -268,8 +276,30 @@ def attention_cases(
         kinds,
         required,
     )
-    strategy = _attention_cases(regular, spec, max_len, allowed, required_feats)
+    base_options = {
+        # a sweep's distributions; the free test keeps the bases' own
+        "distributions": PLAIN if distributions is None else names,
+        "causal": True if "causal" in required else (None if "causal" in kinds else False),
+    }
+    strategy = _attention_cases(regular, spec, max_len, allowed, required_feats, base_options)
     return strategy if kernel_alignment is None else strategy.filter(spec.supports)
+
+
+def _usable_bases(
+    distributions: tuple[str, ...], required_mask_kinds: frozenset[str], *, free: bool
+) -> frozenset[str]:
+    """The base features (:data:`BASES`) a case may be drawn from: they draw their own dtypes
+    and head dims (so only ``free`` of those), their scores from ``distributions`` (long
+    decode: those without key padding), and their masks are causal or not, with lengths for
+    a varlen batch, so they meet ``required_mask_kinds`` only within those."""
+    if not free:
+        return frozenset()
+    plain = any(not DISTRIBUTIONS[n].needs_key_padding for n in distributions)
+    usable = {
+        "varlen_batch": required_mask_kinds <= {"varlen", "causal"},
+        "long_decode": plain and required_mask_kinds <= {"causal"},
+    }
+    return frozenset(base for base, ok in usable.items() if ok)
 
 
 def _features(
@@ -279,7 +309,7 @@ def _features(
     features: Collection[str] | None,
     required_features: Collection[str],
     *,
-    free: bool,
+    bases: frozenset[str],
 ) -> tuple[tuple[str, ...], frozenset[str]]:
     """The features ``attention_cases`` may draw and must draw, validated (docstring)."""
     if features is None:
@@ -287,14 +317,16 @@ def _features(
     allowed = check_features(spec, features, "features")
     required = frozenset(check_features(spec, required_features, "required_features"))
     masked = {"varlen_batch": "varlen" in kinds, "hidden": bool(kinds & {"window", "explicit"})}
-    unusable = [f for f in required if not masked.get(f, True) or (f in BASES and not free)]
+    unusable = [f for f in required if not masked.get(f, True) or (f in BASES and f not in bases)]
     if unusable or len(required & set(BASES)) > 1:
         raise ValueError(
             f"required_features={sorted(required)}: at most one of {list(BASES)}, which need "
-            "the default dtypes, head dims and distributions; varlen_batch needs 'varlen' and "
-            f"hidden a window or explicit mask in mask_kinds (not usable: {unusable})"
+            "the default dtypes and head dims and no required mask kinds beyond causal (and "
+            "varlen for varlen_batch), long_decode a distribution without key padding; "
+            "varlen_batch needs 'varlen' and hidden a window or explicit mask in mask_kinds "
+            f"(not usable: {unusable})"
         )
-    allowed = tuple(f for f in allowed if masked.get(f, True) and (f not in BASES or free))
+    allowed = tuple(f for f in allowed if masked.get(f, True) and (f not in BASES or f in bases))
     return allowed, required
 
 

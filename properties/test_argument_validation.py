@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import event, given
+from hypothesis import event, example, given
 from hypothesis import strategies as st
 
 from attention_crossval.kernel.spec import KernelSpec
@@ -23,8 +23,10 @@ from attention_crossval.reference.bounds import error_bound
 from attention_crossval.reference.case import AttentionCase, AttentionResult, Mask
 from attention_crossval.reference.compare import compare
 from attention_crossval.reference.exact import exact_attention
+from attention_crossval.reference.exact_backward import exact_backward
+from attention_crossval.reference.gradients import BackwardCase
 from attention_crossval.reference.masks import visible_all
-from attention_crossval.reference.precision import StreamingPrecision, round_to
+from attention_crossval.reference.precision import BackwardPrecision, StreamingPrecision, round_to
 from attention_crossval.reference.streaming import streaming_attention
 from attention_crossval.report.configs import Config
 
@@ -52,6 +54,10 @@ CASE = arrays()
 RESULT = AttentionResult(o=np.zeros((B, SQ, HQ, D)), lse=np.zeros((B, HQ, SQ)))
 GOOD_CASE = AttentionCase(**CASE)
 FA16 = StreamingPrecision.flash_attention("float16")
+ONE_ROW = np.zeros((B, HQ, SQ), bool)
+ONE_ROW[0, 0, 0] = True
+ONE_KEY = np.zeros((B, HKV, SK), bool)
+ONE_KEY[0, 0, 0] = True
 
 
 def bound_call(**kwargs: Any) -> Callable[[], object]:
@@ -176,6 +182,29 @@ TABLE = [
     e(StreamingPrecision, "rescale_threshold_log2", rescale_threshold_log2=-1.0),
     e(StreamingPrecision, "rescale_threshold_log2", rescale_threshold_log2=math.nan),
     e(StreamingPrecision, "rescale_threshold_log2", rescale_threshold_log2="8"),
+    # a threshold at or past the exponent range: every tier raised OverflowError
+    e(
+        StreamingPrecision,
+        "rescale_threshold_log2=100000000000000000...0000000000000000000 must be a finite float",
+        rescale_threshold_log2=10**400,
+    ),
+    e(
+        StreamingPrecision,
+        "rescale_threshold_log2=inf must be a finite float in [0, 128)",
+        rescale_threshold_log2=math.inf,
+    ),
+    e(
+        StreamingPrecision,
+        "rescale_threshold_log2=128.0 must be a finite float in [0, 128)",
+        rescale_threshold_log2=128.0,
+    ),
+    e(
+        StreamingPrecision,
+        "rescale_threshold_log2=1024 must be a finite float in [0, 1024)",
+        score_dtype="float64",
+        accum_dtype="float64",
+        rescale_threshold_log2=1024,
+    ),
     e(StreamingPrecision, "row_sum_from_rounded_p", row_sum_from_rounded_p="no"),
     # KernelSpec: the declaration
     e(KernelSpec, "spec.dtypes", name="k", dtypes=frozenset({"float64"})),
@@ -241,8 +270,9 @@ JUNK = st.sampled_from(
 )
 DTYPES = st.sampled_from(
     [np.float16, ml_dtypes.bfloat16, np.float32, np.float64, np.int32, np.bool_, np.complex64]
+    + [">f2", ">f4", ">f8", ">i4"]  # non-native byte order: read as native, it escaped
 )
-VALID_DTYPES = [np.float16, ml_dtypes.bfloat16, np.float32]
+VALID_DTYPES = [np.float16, ml_dtypes.bfloat16, np.float32, ">f2", ">f4"]
 SIZES = st.integers(0, 3)
 
 
@@ -297,7 +327,16 @@ def malformed_case_kwargs(draw) -> dict:
     return out
 
 
+def _big_endian_with_inf() -> dict:
+    """The byte-order escape: inf on a valid row of a big-endian q (accepted, read as native)."""
+    out = {name: array.astype(">f2") for name, array in CASE.items()}
+    out["q"][1, 2, 3, 4] = np.inf
+    return out | {"mask_kwargs": {}}
+
+
 @given(malformed_case_kwargs())
+@example(_big_endian_with_inf())
+@example({name: array.astype(">f2") for name, array in CASE.items()} | {"mask_kwargs": {}})
 def test_only_value_error_escapes_case_and_mask(kwargs: dict) -> None:
     mask_kwargs = kwargs.pop("mask_kwargs")
     try:
@@ -307,6 +346,10 @@ def test_only_value_error_escapes_case_and_mask(kwargs: dict) -> None:
     event("valid case")
     seen = visible_all(case)  # a valid case has a well-defined visibility
     assert seen.shape == (case.B, case.Hq, case.Sq, case.Sk)
+    valid = (
+        np.arange(case.Sq)[None, :] < np.array([case.q_length(b) for b in range(case.B)])[:, None]
+    )  # read by value: a big-endian inf on a valid row was accepted
+    assert np.isfinite(case.q.astype(np.float64)[valid]).all() and case.q.dtype.isnative
 
 
 @given(
@@ -318,16 +361,27 @@ def test_only_value_error_escapes_case_and_mask(kwargs: dict) -> None:
             "accum_dtype": st.sampled_from(["float32", "float64"]) | JUNK,
             "output_dtype": st.sampled_from([None, "float16", "bfloat16", "float32", "int8"])
             | JUNK,
-            "rescale_threshold_log2": st.floats(allow_nan=True) | st.integers(-2, 9) | JUNK,
+            "rescale_threshold_log2": st.floats(allow_nan=True)
+            | st.integers(-2, 9)
+            | st.sampled_from([127.9, 128, 1023.5, 1024, 2**1100])
+            | JUNK,
         }
     )
 )
+@example({"rescale_threshold_log2": 10**400})
+@example({"rescale_threshold_log2": math.inf})
 def test_only_value_error_escapes_streaming_precision(kwargs: dict) -> None:
+    """An accepted chain runs: the streaming tier and the bound take it without an exception
+    (a threshold of 10**400 was accepted, then both raised OverflowError)."""
     try:
         precision = StreamingPrecision(**kwargs)
     except ValueError:
         return
-    assert precision.rescale_threshold_log2 >= 0
+    event("valid precision")
+    with np.errstate(all="ignore"):
+        got = streaming_attention(GOOD_CASE, precision, block_m=2, block_n=2)
+        bound = error_bound(GOOD_CASE, got, precision, block_n=2)
+    assert bound.shape == got.o.shape
 
 
 @given(
@@ -353,3 +407,52 @@ def test_only_value_error_escapes_kernel_spec(kwargs: dict) -> None:
     except ValueError:
         return
     assert spec.supports(GOOD_CASE) in (True, False)
+
+
+DLSE_VALUES = st.floats(allow_nan=True, allow_infinity=True) | st.sampled_from(
+    [1e-300, 1e300, 2.0**-1074, -1.7e308, 0.0]
+)
+
+
+@given(
+    do_dtype=st.sampled_from([np.float16, ">f2", np.float32, ml_dtypes.bfloat16]),
+    dlse=st.none() | st.lists(DLSE_VALUES, min_size=SQ, max_size=SQ),
+    nan_row=st.none() | st.integers(0, SQ - 1),
+)
+@example(do_dtype=">f2", dlse=[1e-300, 1e300, 0.5], nan_row=None)
+def test_only_value_error_escapes_backward_case(do_dtype, dlse, nan_row) -> None:
+    """dO of any byte order and dtype, dlse anywhere in the float64 range (spanning more than
+    2^970 gave 'cannot convert float NaN to integer' in the exact backward): an accepted case
+    runs through the exact backward."""
+    do = np.random.default_rng(1).normal(size=(B, SQ, HQ, D)).astype(do_dtype)
+    if nan_row is not None:
+        do[0, nan_row, 0, 0] = np.nan
+    dlse_array = None if dlse is None else np.broadcast_to(np.array(dlse), (B, HQ, SQ)).copy()
+    try:
+        case = BackwardCase(GOOD_CASE, do, dlse_array)
+    except ValueError:
+        return
+    event("valid backward case")
+    gradients = exact_backward(case, rows=ONE_ROW, keys=ONE_KEY)
+    assert gradients.dq.shape == GOOD_CASE.q.shape
+
+
+@given(
+    st.fixed_dictionaries(
+        {
+            "forward": st.just(FA16) | JUNK,
+            "p_dtype": st.sampled_from([None, "float16", "float32"]) | JUNK,
+            "ds_dtype": st.sampled_from([None, "bfloat16", "float64"]) | JUNK,
+            "ds_from_rounded_p": st.booleans() | JUNK,
+            "accum_dtype": st.sampled_from(["float32", "float64"]) | JUNK,
+            "dq_order": st.sampled_from(["fixed", "permuted", "random"]) | JUNK,
+            "output_dtype": st.sampled_from([None, "float16", "int8"]) | JUNK,
+        }
+    )
+)
+def test_only_value_error_escapes_backward_precision(kwargs: dict) -> None:
+    try:
+        precision = BackwardPrecision(**kwargs)
+    except ValueError:
+        return
+    assert precision.forward == FA16

@@ -28,6 +28,7 @@ from attention_crossval.kernel.isolation import IsolatedKernel
 from attention_crossval.kernel.registry import factory_path
 from attention_crossval.properties import replay
 from attention_crossval.reference.case import AttentionCase, Mask
+from attention_crossval.reference.file_names import safe_file_name, safe_part
 from attention_crossval.report.cli import main
 
 pytestmark = pytest.mark.cpu
@@ -51,6 +52,9 @@ OPTIONS = [
     "--preset",
     "--isolate",
 ]
+# Sinks at and past the float32 range: 1e9 took minutes in the exact tier, 1e12 MemoryError, 3e38
+# OverflowError (every rerun of a report or a saved case a traceback).
+SINKS = st.sampled_from([2.0, 1e9, 1e12, 3e38, -3e38, 1e39, math.inf, -math.inf, math.nan])
 # Stands for a list nested 5000 deep (RecursionError in parsers and repr): drawn as this token
 # so Hypothesis can print a failing example, and made real where it is used.
 DEEP_TOKEN = "<5000 nested lists>"
@@ -109,6 +113,7 @@ def _junk_json(value: Any) -> str:
                 "Sk": st.integers(1, 24) | JUNK,
                 "B": st.integers(1, 2) | JUNK,
                 "mask": st.sampled_from(["none", "causal", "varlen"]) | JUNK,
+                "sink": SINKS | JUNK,
                 "extra": JUNK,
             },
         ),
@@ -130,6 +135,18 @@ def test_report_cli_exits_0_or_2_with_one_line(
         code, err = _run(main, argv)
     event(f"exit {code}")
     _assert_clean_exit(code, err)
+
+
+@pytest.mark.parametrize("sink", ["1e9", "1e12", "3e38", "-3e38", "3.4028234663852886e38"])
+def test_report_with_a_huge_sink_runs_the_exact_tier_in_seconds(sink: str, tmp_path) -> None:
+    """Through --config-file: the exact tier's sink of 3e38 was an OverflowError traceback."""
+    path = tmp_path / "c.toml"
+    path.write_text(f'[[config]]\ndtype = "float16"\nD = 16\nSq = 8\nSk = 8\nsink = {sink}\n')
+    argv = ["--config-file", str(path), "--tier", "exact", "--no-html", "--no-progress"]
+    with np.errstate(all="ignore"):  # the fp32 chain's sink * log2(e) overflows, as a kernel's
+        code, err = _run(main, [*argv, "--repeats", "1", "--out", str(tmp_path / "out")])
+    _assert_clean_exit(code, err)
+    assert code == 0
 
 
 @pytest.fixture(scope="module")
@@ -227,8 +244,29 @@ FIELD_JUNK = st.sampled_from(
         np.array("tile_n=x"),
         np.full((1, 3, 2, 8), np.nan, np.float16),
         np.array(10**18),
+        # scalars out of every range: inf in window/lengths/page_size/num_splits raised
+        # OverflowError (int(inf)) before the fields were checked
+        np.array(np.inf),
+        np.array(-np.inf),
+        np.array(np.nan),
+        np.array([np.inf, -1.0]),
+        np.array([np.nan]),
+        np.array(-5),
+        np.array(2.5),
+        np.array([2.5]),
+        np.array([-3]),
+        np.array(2**62),
+        np.array([2**62, 0]),
+        np.array(3e38, np.float32),
+        np.full((1, 3, 2, 8), 1.0, ">f2"),
+        np.array([3e38, -3e38], np.float32),  # as the sink: the exact tier's analytic branch
+        np.array([1e12, 1e9], np.float32),
     ]
 )
+# Every field a saved case may hold.
+CASE_FIELDS = ["q", "k", "v", "dtype", "softmax_scale", "causal", "alignment", "window"]
+CASE_FIELDS += ["q_lengths", "k_lengths", "label", "explicit", "softcap", "sink", "page_size"]
+CASE_FIELDS += ["num_splits", "layout", "page_fill"]
 
 
 @given(
@@ -239,8 +277,7 @@ FIELD_JUNK = st.sampled_from(
 )
 def test_replay_exits_0_or_2_with_one_line(saved_case: bytes, data, how, rows, block) -> None:
     content = saved_case
-    keys = ["q", "k", "v", "dtype", "softmax_scale", "causal", "alignment", "window"]
-    keys += ["q_lengths", "k_lengths", "label"]
+    keys = CASE_FIELDS
     if how == "truncate":
         content = content[: data.draw(st.integers(0, len(content) - 1))]
     elif how == "flip":
@@ -290,6 +327,18 @@ def test_kernel_names_and_timeouts_raise_only_value_error(name: Any, timeout: An
         IsolatedKernel("streaming-fa", timeout_s=_real(timeout)).close()  # never started
 
 
+@given(name=st.text(max_size=300) | st.sampled_from(["../../x", "a/b", "..", "", "x" * 300]))
+def test_kernel_names_become_one_file_inside_the_folder(name: str) -> None:
+    """Any kernel name gives one file name directly inside the folder (traversal, separators,
+    unicode, empty, 300 characters), and a changed name never takes a safe name's place."""
+    file_name = safe_file_name(name, "bound", "0123456789abcdef", suffix=".npz")
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / file_name
+        path.write_bytes(b"")
+        assert [p.name for p in Path(folder).iterdir()] == [file_name]
+    assert safe_part(name) == name or "~" in safe_part(name)
+
+
 def _corrupt_member(data: bytes) -> bytes:
     """The case's zip with q.npy cut in half (BadZipFile / zlib.error when read)."""
     out = io.BytesIO()
@@ -307,7 +356,7 @@ REPLAY_INPUTS = [
     ("empty-file", lambda data: b"", [], "is not a case written by AttentionCase.save"),
     ("truncated", lambda data: data[: len(data) // 2], [], "is not a case"),
     ("corrupt-member", _corrupt_member, [], "is not a case"),
-    ("foreign-npz", lambda data: _rewrite(data, "dtype", None), [], "KeyError"),
+    ("foreign-npz", lambda data: _rewrite(data, "dtype", None), [], "field dtype is missing"),
     (
         "nan-in-q",
         lambda data: _rewrite(data, "q", np.full((1, 3, 2, 8), np.nan, np.float16)),
@@ -315,6 +364,50 @@ REPLAY_INPUTS = [
         "q must be finite",
     ),
     ("tile-label", lambda data: _rewrite(data, "label", np.array("tile_n=0")), [], "tile_n"),
+    *(
+        (f"{key}-{text}", lambda data, key=key, value=value: _rewrite(data, key, value), [], rule)
+        for key, rule in (
+            ("window", "window"),
+            ("q_lengths", "q_lengths"),
+            ("k_lengths", "k_lengths"),
+        )
+        for text, value in (
+            ("inf", np.array([np.inf, -1.0])),
+            ("nan", np.array([np.nan, np.nan])),
+            ("negative", np.array([-7, -7])),
+            ("fraction", np.array([1.5, 2.0])),
+        )
+    ),
+    *(
+        (f"{key}-{text}", lambda data, key=key, value=value: _rewrite(data, key, value), [], rule)
+        for key, rule in (("page_size", "page_size"), ("num_splits", "num_splits"))
+        for text, value in (
+            ("inf", np.array(np.inf)),
+            ("nan", np.array(np.nan)),
+            ("negative", np.array(-2)),
+            ("fraction", np.array(1.5)),
+            ("huge", np.array(2**62)),
+            ("vector", np.array([2, 2])),
+        )
+    ),
+    (
+        "softmax-scale-inf",
+        lambda data: _rewrite(data, "softmax_scale", np.array(np.inf)),
+        [],
+        "softmax_scale=inf must be > 0",
+    ),
+    (
+        "causal-text",
+        lambda data: _rewrite(data, "causal", np.array("yes")),
+        [],
+        "field causal must hold bool",
+    ),
+    (
+        "q-float64",
+        lambda data: _rewrite(data, "q", np.zeros((1, 3, 2, 8))),
+        [],
+        "field q must be a rank-4 array of float16 values",
+    ),
     ("rows-0", lambda data: data, ["--rows", "0"], "--rows"),
     ("block-n-huge", lambda data: data, ["--block-n", str(10**9)], "--block-n"),
 ]

@@ -55,6 +55,7 @@ PADDED = Mask(causal=True, q_lengths=(20, 5), k_lengths=(30, 0))
         ("oob_write", "output-guard"),
         ("read_padding", "padding-read"),
         ("empty_nan", "nonfinite"),
+        ("empty_finite_lse", "empty-rows"),  # escaped when |got - -inf| <= inf passed any got
     ],
 )
 def test_each_defensive_check_catches_its_bug(bug: str, check: str) -> None:

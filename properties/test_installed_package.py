@@ -5,7 +5,7 @@ temporary folder; pytester then works in another temporary folder, outside this 
 looks like a kernel developer's repository: their kernel in a folder named ``kernel/`` (a common
 name), a package with a broken kernel, and decoy ``report/``, ``reference/`` and ``properties/``
 folders that raise if imported. The README's command must pass on the correct kernel and fail
-on the broken one, with no CUDA; ``--report-dir``, the markers, ``--hypothesis-profile`` and
+on the broken one, with no CUDA; ``--report-dir``, the markers, ``--attention-profile`` and
 ``attention-report`` must work there.
 """
 
@@ -118,7 +118,8 @@ def repository(
     for name in ("report", "reference", "properties"):
         pytester.mkdir(name).joinpath("__init__.py").write_text(DECOY.format(name=name))
     monkeypatch.setenv("PYTHONPATH", str(site))  # pytester puts its own folder first
-    for name in ("CI", "HYPOTHESIS_PROFILE", "ATTENTION_REPORT_DIR", "ATTENTION_CROSSVAL_SEED"):
+    for name in ("CI", "HYPOTHESIS_PROFILE", "ATTENTION_CROSSVAL_PROFILE", "ATTENTION_REPORT_DIR",
+                 "ATTENTION_CROSSVAL_SEED"):
         monkeypatch.delenv(name, raising=False)
     assert ROOT not in pytester.path.parents
     return pytester
@@ -137,11 +138,11 @@ def test_correct_kernel_passes_from_its_kernel_folder(repository: pytest.Pyteste
     one feature (long decode: its spec declares no option, no varlen and no window)."""
     result = repository.runpytest_subprocess(
         "-p", "no:cacheprovider", "--pyargs", "attention_crossval.properties", "-m", "kernel",
-        "--kernel", "kernel.fa:correct", "--hypothesis-profile=ci",
+        "--kernel", "kernel.fa:correct", "--attention-profile=ci",
     )  # fmt: skip
     assert _outcomes(result) == {"passed": 15}
     result.stdout.fnmatch_lines(
-        ["hypothesis profile: ci;*", "hypothesis seed: --hypothesis-seed=*"]
+        ["attention-crossval profile: ci *", "attention-crossval seed: --hypothesis-seed=*"]
     )
 
 

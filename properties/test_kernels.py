@@ -11,11 +11,14 @@ kernel declares: softcap, sinks, keys hidden behind masks, paged KV, split-KV, p
 varlen batches of 3+, long decode), a sweep over (score distribution, mask kind) pairs
 (``properties.coverage.sweep``) that makes every distribution and every declared mask kind
 appear in every run, and a sweep over the declared features
-(``properties.coverage.feature_sweep``) that does the same for each feature. A failure prints
-one compact summary (check, worst element, shape, mask, distribution, the saved ``.npz`` and
-its replay command), never the arrays; cases are seeded per kernel from the run's seed
-(``kernel_seed``). In the two sweeps a case whose every failure is a known finding counts as
-run; the free test rejects it and draws another (``_run_property``).
+(``properties.coverage.feature_sweep``) that does the same for each feature, with a case per
+value class of the feature. The sweeps keep the base features (varlen batches of 3+, long
+decode) and draw lengths to 8 K blocks. A failure prints one compact summary (check, worst
+element, shape, mask, distribution, the saved ``.npz`` and its replay command), never the
+arrays; cases are seeded per kernel and test from the run's seed (``stream_seed``: the free
+test by the kernel's name, each sweep pair, feature and other file's free run by its own
+stream, so no two tests draw the same cases). In the sweeps a case whose every failure is a
+known finding counts as run; the free test rejects it and draws another (``_run_property``).
 """
 
 from __future__ import annotations
@@ -44,12 +47,30 @@ from attention_crossval.pytest_plugin import kernel_seed
 from attention_crossval.reference.case import AttentionCase, Mask
 
 BROKEN = ("no_rescale", "oob_write", "skip_last_tile", "read_padding")
-# A CPU kernel's cases stay at most two K blocks plus one key long (GPU kernels: four), and its
-# free test at most 30 examples (the profile's count if lower): streaming-fa's 15 tests then take
-# 6-12 s on 2 cores (ci profile); with four blocks and 60 examples they took 47 s.
+# A CPU kernel's free test stays at most two K blocks plus one key long (GPU kernels: four), and
+# at most 30 examples (the profile's count if lower): streaming-fa's free test would take
+# minutes with four blocks and 60 examples.
 CPU_MAX_EXAMPLES = 30
-# Per sweep pair: Hypothesis' simplest case first, then one drawn from the kernel's seed.
+# Per sweep pair: Hypothesis' simplest case first, then one drawn from the pair's own seed, with
+# lengths to SWEEP_BLOCKS K blocks and one key.
 SWEEP_EXAMPLES = 2
+SWEEP_BLOCKS = 8
+# The value classes each feature has, which its sweep draws one case more than (the simplest
+# first): the surfaces of softcap (plain, saturated, with a sink) and sink (competing,
+# dominant, below, with a softcap); page sizes that divide the K block or not; split counts at
+# most and above the K blocks; varlen batches as a decode or not; long decodes of 1, 2 and 16
+# queries. Others: one class.
+FEATURE_CLASSES = {
+    "softcap": 3,
+    "sink": 4,
+    "paged": 2,
+    "splits": 2,
+    "varlen_batch": 2,
+    "long_decode": 3,
+}
+# The free test's seed stream: each other test of a kernel (a sweep pair, a feature, another
+# file's run of the free property) names its own stream, so no two draw the same cases.
+FREE = "free"
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -86,10 +107,23 @@ def _settings_for(spec: KernelSpec, max_examples: int | None = None) -> settings
     )
 
 
-def _max_len(spec: KernelSpec) -> int:
-    """GPU kernels: four K blocks and one key; CPU kernels: two K blocks and one key."""
-    blocks = 4 if spec.device == "cuda" else 2
+def _max_len(spec: KernelSpec, blocks: int | None = None) -> int:
+    """``blocks`` K blocks and one key; by default (the free test) four for a GPU kernel, two
+    for a CPU kernel."""
+    blocks = blocks or (4 if spec.device == "cuda" else 2)
     return min(blocks * spec.tile_n + 1, spec.max_seqlen)
+
+
+def stream_name(kernel: str, stream: str) -> str:
+    """What one of ``kernel``'s tests derives its seed from: the free test (:data:`FREE`)
+    the kernel's name (its cases stay what they were), every other stream its own name too."""
+    return kernel if stream == FREE else f"{kernel}:{stream}"
+
+
+def stream_seed(config: pytest.Config, kernel: str, stream: str) -> int | None:
+    """The Hypothesis seed of one of ``kernel``'s tests (:func:`kernel_seed` of
+    :func:`stream_name`), or None (random)."""
+    return kernel_seed(config, stream_name(kernel, stream))
 
 
 def _run_property(
@@ -98,17 +132,18 @@ def _run_property(
     strategy: st.SearchStrategy[AttentionCase],
     chosen: settings,
     *,
+    stream: str,
     count_known: bool = False,
 ) -> list[AttentionCase]:
-    """Check every case ``strategy`` draws under ``chosen``, seeded for ``kernel`` from the
-    run's seed (:func:`kernel_seed`); returns the cases that ran (declined ones excluded). A
-    finding fails with the compact summary and the saved case's replay command (at most a few
-    cases saved per test, the shrunk one always). A case whose every finding is known is
-    rejected, so Hypothesis draws another (the free test searches past known findings), or,
-    with ``count_known`` (the sweeps), counted as run: it passed every other check, and
-    rejecting it made a two-example sweep draw up to 458 replacements where known findings
-    cover most of a feature's cases (docs/forward-surface.md, "Default strategy and
-    coverage")."""
+    """Check every case ``strategy`` draws under ``chosen``, seeded for ``kernel`` and
+    ``stream`` from the run's seed (:func:`stream_seed`); returns the cases that ran (declined
+    ones excluded). A finding fails with the compact summary and the saved case's replay
+    command (at most a few cases saved per test, the shrunk one always). A case whose every
+    finding is known is rejected, so Hypothesis draws another (the free test searches past
+    known findings), or, with ``count_known`` (the sweeps), counted as run: it passed every
+    other check, and rejecting it made a two-example sweep draw up to 458 replacements where
+    known findings cover most of a feature's cases (docs/forward-surface.md, "Default
+    strategy and coverage")."""
     __tracebackhide__ = True
     adapter = kernel_adapter(kernel)
     ran: list[AttentionCase] = []
@@ -126,19 +161,54 @@ def _run_property(
             return
         xfail_if_known(verdict, adapter.spec, case)  # inside Hypothesis: the example is rejected
         ran.append(case)
-        with reproducer_on_failure(case):
+        with reproducer_on_failure(case, kernel=kernel):
             verdict.raise_for()
 
-    derived = kernel_seed(config, kernel)
+    derived = stream_seed(config, kernel, stream)
     (check if derived is None else seed(derived)(check))()
     return ran
 
 
-def test_kernel_passes_every_check(kernel: str, request: pytest.FixtureRequest) -> None:
-    """Every generated case inside the kernel's declaration passes every applicable check."""
+def free_property(kernel: str, config: pytest.Config, stream: str = FREE) -> None:
+    """The free property: every case drawn inside the kernel's declaration passes every
+    applicable check; ``stream`` names the seed stream (another file's run of it names its
+    own, so it draws other cases)."""
     spec = kernel_spec(kernel)
     strategy = attention_cases(spec=spec, max_len=_max_len(spec))
-    _run_property(kernel, request.config, strategy, _settings_for(spec))
+    _run_property(kernel, config, strategy, _settings_for(spec), stream=stream)
+
+
+def sweep_strategy(spec: KernelSpec, distribution: str, mask_kind: str):
+    """The cases of one (distribution, mask kind) sweep pair: the base features (varlen
+    batches of 3+, long decode) stay in, lengths reach :data:`SWEEP_BLOCKS` K blocks."""
+    return attention_cases(
+        spec=spec,
+        max_len=_max_len(spec, SWEEP_BLOCKS),
+        distributions=[distribution],
+        required_mask_kinds=() if mask_kind == "none" else (mask_kind,),
+    )
+
+
+def feature_strategy(spec: KernelSpec, feature: str):
+    """The cases of one feature's sweep (``hidden`` under a window where the kernel has no
+    explicit masks), lengths to :data:`SWEEP_BLOCKS` K blocks."""
+    window = feature == "hidden" and "explicit" not in spec.mask_kinds
+    return attention_cases(
+        spec=spec,
+        max_len=_max_len(spec, SWEEP_BLOCKS),
+        required_features=[feature],
+        required_mask_kinds=("window",) if window else (),
+    )
+
+
+def feature_examples(feature: str) -> int:
+    """Cases per feature sweep: the simplest, then one per value class (:data:`FEATURE_CLASSES`)."""
+    return 1 + FEATURE_CLASSES.get(feature, 1)
+
+
+def test_kernel_passes_every_check(kernel: str, request: pytest.FixtureRequest) -> None:
+    """Every generated case inside the kernel's declaration passes every applicable check."""
+    free_property(kernel, request.config)
 
 
 def test_kernel_sweep_passes_every_check(
@@ -148,17 +218,12 @@ def test_kernel_sweep_passes_every_check(
     score distribution and every declared mask kind in front of the kernel in every run."""
     spec = kernel_spec(kernel)
     required = () if mask_kind == "none" else (mask_kind,)
-    strategy = attention_cases(
-        spec=spec,
-        max_len=_max_len(spec),
-        distributions=[distribution],
-        required_mask_kinds=required,
-    )
     ran = _run_property(
         kernel,
         request.config,
-        strategy,
+        sweep_strategy(spec, distribution, mask_kind),
         _settings_for(spec, max_examples=SWEEP_EXAMPLES),
+        stream=f"sweep:{distribution}:{mask_kind}",
         count_known=True,
     )
     assert ran, f"{kernel} declined every {distribution} x {mask_kind} case drawn"
@@ -175,18 +240,12 @@ def test_kernel_feature_passes_every_check(
     the kernel declares in front of it in every run, the ``hidden-nan`` check included where
     the adapter opts in (keys hidden by a window where the kernel has no explicit masks)."""
     spec = kernel_spec(kernel)
-    window = feature == "hidden" and "explicit" not in spec.mask_kinds
-    strategy = attention_cases(
-        spec=spec,
-        max_len=_max_len(spec),
-        required_features=[feature],
-        required_mask_kinds=("window",) if window else (),
-    )
     ran = _run_property(
         kernel,
         request.config,
-        strategy,
-        _settings_for(spec, max_examples=SWEEP_EXAMPLES),
+        feature_strategy(spec, feature),
+        _settings_for(spec, max_examples=feature_examples(feature)),
+        stream=f"feature:{feature}",
         count_known=True,
     )
     assert ran, f"{kernel} declined every {feature} case drawn"

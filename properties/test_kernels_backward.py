@@ -12,7 +12,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from hypothesis import assume, find, given, settings
+from hypothesis import Verbosity, assume, find, given, settings
 from hypothesis import strategies as st
 
 from attention_crossval.kernel.broken.cpu_backward_faults import EXPECTED, BrokenBackwardAdapter
@@ -31,6 +31,7 @@ from attention_crossval.properties.kernels_under_test import (
     kernel_adapter,
     kernel_param,
 )
+from attention_crossval.properties.replay import reproducer_on_failure
 from attention_crossval.properties.strategies import backward_cases
 from attention_crossval.reference.case import AttentionCase, CausalAlignment, Mask
 from attention_crossval.reference.gradients import BackwardCase, Gradients
@@ -51,11 +52,9 @@ def _close_workers():
     close_workers()
 
 
-@settings(max_examples=10)
+@settings(max_examples=10, verbosity=Verbosity.quiet)  # quiet: the case's arrays go unprinted
 @given(data=st.data())
-def test_kernel_backward_passes_every_check(
-    kernel: str, data: st.DataObject, request: pytest.FixtureRequest
-) -> None:
+def test_kernel_backward_passes_every_check(kernel: str, data: st.DataObject) -> None:
     """Every generated backward case inside the kernel's declaration passes every check."""
     adapter = kernel_adapter(kernel)
     if not adapter.spec.backward:
@@ -65,15 +64,11 @@ def test_kernel_backward_passes_every_check(
     # Two K tiles plus one key: the last-block, rescale and tile-edge paths, while an exact dK/dV
     # column (which needs every row that sees its key) stays within a few seconds.
     case = data.draw(backward_cases(spec=spec, max_len=2 * spec.tile_n + 1), label="case")
-    verdict = run_backward_with_known(
-        adapter,
-        case,
-        samples=1 if cpu else 2,
-        finding_dir=request.config.getoption("--report-dir"),
-    )
+    verdict = run_backward_with_known(adapter, case, samples=1 if cpu else 2)
     assume(verdict.skipped is None)  # declined at run time (e.g. an SDPA backend's refusal)
     xfail_if_known(verdict, spec, case.forward, backward=True)  # in Hypothesis: rejected
-    verdict.raise_for()
+    with reproducer_on_failure(case, kernel=kernel):  # the compact summary, a few cases saved
+        verdict.raise_for()
 
 
 def _case(dtype: type = np.float16, *, Hq: int = 4, Hkv: int = 2, D: int = 16) -> BackwardCase:

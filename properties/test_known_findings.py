@@ -40,7 +40,7 @@ CPU_KNOWN = "attention_crossval.kernel.broken.cpu_known"
 LINK = "https://github.com/pytorch/pytorch"
 
 
-# The peers' divergences, once hidden by narrower declarations (README "Known findings"):
+# The peers' divergences, once hidden by narrower declarations (docs/usage.md, "Known findings"):
 # (check, mask kinds, features). Backward ones (measured on the H200, 2026-12-01) are named
 # "backward <check>".
 _NAN = ("padding-read", {"varlen"}, set())

@@ -38,9 +38,7 @@ from attention_crossval.kernel.registry import BUILTIN, NEVER_RUN, resolve
 from attention_crossval.properties.kernels_under_test import worker
 from attention_crossval.properties.test_kernels import (  # noqa: F401 - autouse fixture, reused
     _close_workers,
-)
-from attention_crossval.properties.test_kernels import (
-    test_kernel_passes_every_check as _kernel_property,
+    free_property,
 )
 from attention_crossval.reference.case import AttentionCase, Mask
 from attention_crossval.reference.masks import visible
@@ -1038,4 +1036,4 @@ def test_own_sm90_targeted_cases(kernel: str, name: str) -> None:
 @pytest.mark.parametrize("kernel", ["own-sm90", "own-sm90-full"])
 def test_own_sm90_passes_every_check(kernel: str, request: pytest.FixtureRequest) -> None:
     """The generic kernel property (properties/test_kernels.py) with each SM90 adapter."""
-    _kernel_property(kernel=kernel, request=request)
+    free_property(kernel, request.config, stream="own-kernels")

@@ -26,9 +26,7 @@ from attention_crossval.kernel.registry import resolve
 from attention_crossval.properties.kernels_under_test import worker
 from attention_crossval.properties.test_kernels import (  # noqa: F401 - autouse fixture, reused
     _close_workers,
-)
-from attention_crossval.properties.test_kernels import (
-    test_kernel_passes_every_check as _kernel_property,
+    free_property,
 )
 from attention_crossval.properties.test_own_kernels import (
     CONFIGS,
@@ -206,4 +204,4 @@ def test_own_sm100_targeted_cases(name: str) -> None:
 def test_own_sm100_passes_every_check(request: pytest.FixtureRequest) -> None:
     """The generic kernel property (properties/test_kernels.py) with kernel ``own-sm100``.
     Skipped everywhere so far: no Blackwell GPU."""
-    _kernel_property(kernel="own-sm100", request=request)
+    free_property("own-sm100", request.config, stream="own-kernels")

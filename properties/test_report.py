@@ -253,7 +253,7 @@ def test_html_renders_its_plots_in_headless_chromium(tiny_report, tmp_path):
     pytest.importorskip("matplotlib")
     sys.path.insert(0, str(ROOT / "scripts"))
     try:
-        from check_html_render import check, find_chromium
+        from check_html_render import check, find_chromium, first_screen_shows_worst
     finally:
         sys.path.remove(str(ROOT / "scripts"))
     binary = find_chromium()
@@ -262,6 +262,7 @@ def test_html_renders_its_plots_in_headless_chromium(tiny_report, tmp_path):
     result = check(tiny_report / "report.html", binary, tmp_path / "shot.png")
     assert result["total"] >= 3 and result["loaded"] == result["total"], result
     assert result["screenshot"] and (tmp_path / "shot.png").stat().st_size > 10_000
+    assert first_screen_shows_worst(result), result["first_screen"]
 
 
 def test_html_page_skips_records_without_plot_data(tiny_report) -> None:

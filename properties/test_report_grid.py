@@ -1,8 +1,10 @@
-"""The report's default grid reaches the bug classes the property suite targets, and the Config
-fields that express them (Dv, Hkv, softmax_scale) are validated and read from config files."""
+"""The report's default grid reaches the input classes real bugs need (report.grid_classes),
+and the Config fields that express them (Dv, Hkv, softmax_scale, the explicit mask) are
+validated and read from config files."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from typing import Any
@@ -10,54 +12,67 @@ from typing import Any
 import numpy as np
 import pytest
 
-from attention_crossval.properties._strategies.scores import scaled_scores
-from attention_crossval.report.configs import _CPU_DISTS, Config, grid, load_config_file, preset
+from attention_crossval.properties._strategies.gradients import GRADIENT_DISTRIBUTIONS
+from attention_crossval.report.backward import backward_case
+from attention_crossval.report.configs import (
+    _CPU_DISTS,
+    Config,
+    _rotated,
+    grid,
+    load_config_file,
+    preset,
+    unique,
+)
+from attention_crossval.report.grid_classes import tally
 
 pytestmark = pytest.mark.cpu
 
-_FP16_MAX = 65504.0
+_CROSSED_CLASSES = [
+    "decode row with its largest logit below -30",
+    "half-tile length with a row LSE below -30",
+    "uniform logits (16+ keys spanning < 0.05)",
+    "explicit mask that empties a row",
+    "long GQA decode (Sq <= 16, Sk >= 4096, Hq > Hkv)",
+]
 
 
-def missing_classes(configs: list[Config]) -> list[str]:
-    """The bug classes no config of ``configs`` reaches."""
-    cases = [(config, config.build()) for config in configs]
-
-    def varlen_with(kind: str) -> bool:
-        return any(
-            {"varlen", kind} <= case.mask.kinds
-            and any(case.q_length(b) != case.k_length(b) for b in range(case.B))
-            for _, case in cases
-        )
-
-    def beyond_fp16(case) -> bool:
-        logits, seen = scaled_scores(case)
-        return bool(seen.any() and np.abs(logits[seen]).max() > _FP16_MAX)
-
-    reached = {
-        "GQA with 1 < Hkv < Hq": any(1 < case.Hkv < case.Hq for _, case in cases),
-        "Sk < 64": any(case.Sk < 64 for _, case in cases),
-        "scaled scores beyond the fp16 range": any(beyond_fp16(case) for _, case in cases),
-        "varlen + causal, q and k lengths differ": varlen_with("causal"),
-        "varlen + window, q and k lengths differ": varlen_with("window"),
-        "Dv != D": any(case.Dv != case.D for _, case in cases),
-    }
-    return [name for name, hit in reached.items() if not hit]
+def _decode_distributions(configs: list[Config], reached: dict[str, list[str]]) -> set[str]:
+    decode = set(reached["decode (Sq = 1)"])
+    return {c.distribution for c in configs if c.name in decode}
 
 
-def test_default_preset_reaches_every_bug_class() -> None:
-    assert missing_classes(preset("default")) == []
+def test_default_preset_reaches_every_class() -> None:
+    configs = unique(preset("default"))
+    reached = tally(configs)
+    assert [name for name, hits in reached.items() if not hits] == []
+    assert len(_decode_distributions(configs, reached)) >= 5
 
 
-def test_the_previous_default_grid_misses_them() -> None:
-    """The check can fail: the default grid before these classes were added reached none."""
-    previous = grid(
+def test_the_previous_default_grids_miss_them() -> None:
+    """The checks can fail: the rotated grid alone (the default before the crossed configs)
+    misses the crossed classes and puts one distribution on decode; the grid before that
+    misses the property suite's classes too."""
+    rotated = _rotated()
+    reached = tally(rotated)
+    assert [name for name, hits in reached.items() if not hits] == _CROSSED_CLASSES
+    assert _decode_distributions(rotated, reached) == {"ramp"}
+    older = grid(
         dtypes=["bfloat16", "float16"],
         head_dims=[64, 128],
         lengths=[(128, 128), (100, 300), (1, 257), (200, 129), (64, 512)],
         masks=["none", "causal", "window", "varlen"],
         distributions=_CPU_DISTS,
     )
-    assert len(missing_classes(previous)) == 6
+    assert len([name for name, hits in tally(older).items() if not hits]) == 6 + 5
+
+
+def test_explicit_config_mask_empties_rows() -> None:
+    """Config mask ``explicit``: every fourth query row sees no key, the others most keys."""
+    case = Config("float16", 16, 9, 20, mask="explicit").build()
+    visible = case.mask.explicit[0, 0]
+    assert visible.shape == (9, 20)
+    assert [i for i in range(9) if not visible[i].any()] == [3, 7]
+    assert visible[[0, 1, 2, 4, 5, 6, 8]].mean() == pytest.approx(0.8, abs=0.05)
 
 
 BAD: list[tuple[dict[str, Any], str]] = [
@@ -98,3 +113,32 @@ def test_new_fields_reach_the_case_and_leave_older_recipes_alone(tmp_path) -> No
     # version: before 0.7 its float64 -> bf16 cast rounded through float32 and one value of this
     # q differed (1.33984374 became 1.34375), and the sum pinned then was 1332.2191287577152.
     assert float(np.asarray(old.build().q, dtype=np.float64).sum()) == 1332.2113162577152
+
+
+def test_default_preset_has_the_backward_rows() -> None:
+    """``--pass backward`` on the default grid meets non-default scales, every non-gaussian dO,
+    fp32 inputs and keys to 4096 (before these rows: scale 1/sqrt(D), gaussian dO, 16-bit
+    inputs and at most 512 keys only)."""
+    configs = preset("default")
+    assert {c.softmax_scale for c in configs} >= {0.5, 1.0}
+    assert {c.do_distribution for c in configs} == {None, *GRADIENT_DISTRIBUTIONS} - {"gaussian"}
+    assert "float32" in {c.dtype for c in configs}
+    assert max(c.Sk for c in configs) >= 4096
+    assert max(c.Sk for c in configs if c.Sq > 16) >= 2048
+    rotated = _rotated()
+    assert {c.do_distribution for c in rotated} == {None}
+    assert {c.dtype for c in rotated} == {"bfloat16", "float16"}
+
+
+def test_do_distribution_reaches_the_backward_and_leaves_the_forward_alone() -> None:
+    config = Config("bfloat16", 16, 5, 9, do_distribution="one_hot", seed=3)
+    plain = dataclasses.replace(config, name="", do_distribution=None)
+    assert config.name == plain.name.replace("-s3", "-do_one_hot-s3")
+    assert "do_distribution" not in plain.fields()
+    case = config.build()
+    assert np.array_equal(case.q, plain.build().q)
+    grad = backward_case(case, config.seed, config.do_distribution)
+    assert (np.count_nonzero(grad.do, axis=-1) <= 1).all()  # one nonzero per dO row
+    assert np.count_nonzero(backward_case(case, config.seed).do) > grad.do.shape[1]
+    with pytest.raises(ValueError, match=r"config.do_distribution='ones' must be None"):
+        Config("bfloat16", 16, 5, 9, do_distribution="ones")

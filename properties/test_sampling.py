@@ -10,6 +10,8 @@
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 from hypothesis import Phase, given, settings
@@ -26,6 +28,7 @@ from attention_crossval.properties.strategies import (
     attention_cases,
 )
 from attention_crossval.pytest_plugin import (
+    PROFILE_PREFIX,
     SEED_ENV,
     SEEDED_PROFILES,
     _choose_run_seed,
@@ -101,34 +104,33 @@ class _Options:
 
 def test_run_seed_comes_from_the_option_env_commit_or_date(pytestconfig, tmp_path, monkeypatch):
     monkeypatch.delenv(SEED_ENV, raising=False)
-    ci = {"hypothesis_profile": "ci"}
-    assert _choose_run_seed(_Options(tmp_path, hypothesis_seed="5", **ci)) == (
+    assert _choose_run_seed(_Options(tmp_path, hypothesis_seed="5"), "ci") == (
         5,
         "--hypothesis-seed",
     )
-    seed, source = _choose_run_seed(_Options(tmp_path, **ci))  # tmp_path: no git work tree
+    seed, source = _choose_run_seed(_Options(tmp_path), "ci")  # tmp_path: no git work tree
     assert source.startswith("UTC date ") and str(seed) == source.split()[2]
-    assert _choose_run_seed(_Options(tmp_path, hypothesis_profile="dev"))[0] is None
+    assert _choose_run_seed(_Options(tmp_path), "dev")[0] is None
     commit = _git_head(pytestconfig.rootpath)
     if commit is not None:  # a checkout: the commit decides
-        assert _choose_run_seed(_Options(pytestconfig.rootpath, **ci)) == (
+        assert _choose_run_seed(_Options(pytestconfig.rootpath), "ci") == (
             int(commit[:12], 16),
             f"git commit {commit[:12]}",
         )
     monkeypatch.setenv(SEED_ENV, "11")
-    assert _choose_run_seed(_Options(tmp_path, hypothesis_profile="dev"))[0] == 11
+    assert _choose_run_seed(_Options(tmp_path), "dev")[0] == 11
 
 
 @pytest.mark.parametrize("profile", ["dev", "ci", "thorough", "debug"])
 def test_profiles_report_the_shrunk_case(profile: str) -> None:
     """No explain phase: it replayed variants of the shrunk case and left a larger one (B=2,
     Sq=513) as the reported failure although a 1x1 case had failed first."""
-    phases = settings.get_profile(profile).phases
+    phases = settings.get_profile(PROFILE_PREFIX + profile).phases
     assert Phase.shrink in phases and Phase.explain not in phases
 
 
 def test_ci_profile_is_seeded_not_derandomized() -> None:
-    ci = settings.get_profile("ci")
+    ci = settings.get_profile(PROFILE_PREFIX + "ci")
     assert not ci.derandomize and ci.database is None and "ci" in SEEDED_PROFILES
 
 
@@ -162,9 +164,11 @@ def test_zz_dump():
 def _draws(pytester: pytest.Pytester, *args: str) -> tuple[dict[str, list[int]], str]:
     out = pytester.path / "draws.json"
     pytester.makepyfile(test_draws=DRAWS)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", *args)
+    pytester.makeini("[pytest]\nattention_crossval_strict = true\n")  # these tests as the package's
+    plugin = ("-p", "attention_crossval.pytest_plugin")
+    result = pytester.runpytest_subprocess(*plugin, "-p", "no:cacheprovider", *args)
     result.assert_outcomes(passed=3)
-    header = next(line for line in result.outlines if line.startswith("hypothesis seed: "))
+    header = next(line for line in result.outlines if line.startswith("attention-crossval seed: "))
     return json.loads(out.read_text()), header
 
 
@@ -175,10 +179,12 @@ def test_a_seeded_run_prints_its_seed_and_repeats_its_cases(
     through the environment, draws others."""
     monkeypatch.setenv("DRAWS_OUT", str(pytester.path / "draws.json"))
     monkeypatch.setenv("CI", "true")
+    checkout = str(Path(__file__).resolve().parent.parent)  # importable uninstalled too
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([checkout, os.environ.get("PYTHONPATH", "")]))
     seven, header = _draws(pytester, "--hypothesis-seed=7")
-    assert header.startswith("hypothesis seed: --hypothesis-seed=7 (--hypothesis-seed;")
+    assert header.startswith("attention-crossval seed: --hypothesis-seed=7 (--hypothesis-seed;")
     assert seven["a"] == seven["b"] and len(seven["a"]) > 1
     monkeypatch.setenv(SEED_ENV, "8")
     eight, header = _draws(pytester)
-    assert header.startswith(f"hypothesis seed: --hypothesis-seed=8 (${SEED_ENV};")
+    assert header.startswith(f"attention-crossval seed: --hypothesis-seed=8 (${SEED_ENV};")
     assert eight["a"] != seven["a"]

@@ -65,7 +65,17 @@ ROWS: list[tuple[dict[str, Any], str]] = [
 ]
 
 
-@pytest.mark.parametrize(("kwargs", "message"), ROWS, ids=[str(r[0]) for r in ROWS])
+def _stable_id(value: Any) -> str:
+    """A test id that does not depend on set iteration order (which differs between processes,
+    so pytest-xdist workers would collect different ids)."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_stable_id(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, set | frozenset):
+        return "{" + ", ".join(sorted(_stable_id(v) for v in value)) + "}"
+    return repr(value)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), ROWS, ids=[_stable_id(r[0]) for r in ROWS])
 def test_malformed_spec_field_raises_value_error(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
         KernelSpec(**({"name": "k"} | kwargs))

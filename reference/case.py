@@ -105,12 +105,27 @@ _EXPONENT = {"float16": 0x7C00, "bfloat16": 0x7F80, "float32": 0x7F800000}
 _FINITE_CHUNK = 1 << 24  # elements tested at once
 
 
+def native_byte_order(array: np.ndarray) -> np.ndarray:
+    """``array`` in the machine's byte order: the same values, read-only.
+
+    A big-endian (``>f2``, ``>f4``) input is converted rather than refused: the values are
+    what the caller meant, and every tier, the bit-level checks and a kernel's buffers assume
+    native order (read as native, finite inputs raised IndexError and inf/NaN passed the
+    finiteness check). An array already native is returned as it is."""
+    if array.dtype.isnative:
+        return array
+    native = array.astype(array.dtype.newbyteorder("="))
+    native.setflags(write=False)
+    return native
+
+
 def nonfinite_rows(array: np.ndarray) -> np.ndarray:
     """Bool ``[B, S, H]``: rows of a ``[B, S, H, X]`` input holding an inf or NaN, read from
     the exponent bits in chunks of the sequence axis (no float copy of the input)."""
     B, S, H, X = array.shape
     exponent = _EXPONENT[array.dtype.name]
-    bits = array.view(f"u{array.dtype.itemsize}")
+    unsigned = np.dtype(f"u{array.dtype.itemsize}").newbyteorder(array.dtype.byteorder)
+    bits = array.view(unsigned)  # the same byte order as the input's
     bad = np.zeros((B, S, H), dtype=bool)
     step = max(1, _FINITE_CHUNK // max(1, B * H * X))
     for start in range(0, S, step):
@@ -282,6 +297,7 @@ class AttentionCase:
                 raise ValueError(
                     f"{name}.dtype={array.dtype.name} must be one of {sorted(INPUT_DTYPES)}"
                 )
+            object.__setattr__(self, name, native_byte_order(array))
         (b, sq, hq, _), v_shape = self.q.shape, self.v.shape
         check_element_budget(
             "", {"q": self.q.shape, "k": self.k.shape, "v": v_shape, "o": (b, sq, hq, v_shape[3])}
@@ -396,6 +412,15 @@ class AttentionCase:
             raise ValueError(f"num_splits={num_splits!r} must be an int in [1, {MAX_SPLITS}]")
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout={self.layout!r} must be one of {list(LAYOUTS)}")
+        if page_size is not None:  # the paged layout's pages (reference.paged.page_kv)
+            pages = self.B * -(-self.Sk // page_size) + 1
+            check_element_budget(
+                f"page_size={page_size}: the paged layout's ",
+                {
+                    "k_pages": (pages, page_size, self.Hkv, self.D),
+                    "v_pages": (pages, page_size, self.Hkv, self.Dv),
+                },
+            )
         object.__setattr__(self, "page_size", None if page_size is None else int(page_size))
         object.__setattr__(self, "num_splits", int(num_splits))
         fill = self.page_fill
@@ -521,38 +546,112 @@ class AttentionCase:
 
     @classmethod
     def load(cls, path: str | Path) -> AttentionCase:
-        """Read a case written by :meth:`save`."""
+        """Read a case written by :meth:`save`. Every field is checked as it is read: a file
+        that is not a saved case raises ValueError ``not a case: field X must be ...``."""
         with np.load(path) as data:
-            dtype = INPUT_DTYPES[str(data["dtype"])]
-            q, k, v = (data[name].view(dtype) for name in "qkv")
-            left, right = (None if w < 0 else int(w) for w in data["window"])
-            q_lengths, k_lengths = (
-                None if int(data[name][0]) < 0 else tuple(int(n) for n in data[name])
-                for name in ("q_lengths", "k_lengths")
-            )
+            fields = SavedFields(data)
+            dtype = INPUT_DTYPES[fields.text("dtype", tuple(INPUT_DTYPES))]
+            q, k, v = (fields.bits(name, dtype) for name in "qkv")
+            left, right = fields.window()
             mask = Mask(
-                causal=bool(data["causal"]),
+                causal=fields.flag("causal"),
                 window_left=left,
                 window_right=right,
-                alignment=CausalAlignment(str(data["alignment"])),
-                q_lengths=q_lengths,
-                k_lengths=k_lengths,
-                explicit=data["explicit"] if "explicit" in data else None,
+                alignment=CausalAlignment(
+                    fields.text("alignment", tuple(a.value for a in CausalAlignment))
+                ),
+                q_lengths=fields.lengths("q_lengths"),
+                k_lengths=fields.lengths("k_lengths"),
+                explicit=fields.array("explicit", "b") if "explicit" in data else None,
             )
             return cls(
                 q,
                 k,
                 v,
-                float(data["softmax_scale"]),
+                fields.number("softmax_scale"),
                 mask,
-                str(data["label"]),
-                softcap=float(data["softcap"]) if "softcap" in data else None,
-                sink=data["sink"] if "sink" in data else None,
-                page_size=int(data["page_size"]) if "page_size" in data else None,
-                num_splits=int(data["num_splits"]) if "num_splits" in data else 1,
-                layout=str(data["layout"]) if "layout" in data else "padded",
-                page_fill=float(data["page_fill"]) if "page_fill" in data else math.nan,
+                fields.text("label"),
+                softcap=fields.number("softcap") if "softcap" in data else None,
+                sink=fields.array("sink", "f") if "sink" in data else None,
+                page_size=fields.integer("page_size") if "page_size" in data else None,
+                num_splits=fields.integer("num_splits") if "num_splits" in data else 1,
+                layout=fields.text("layout", LAYOUTS) if "layout" in data else "padded",
+                page_fill=fields.number("page_fill") if "page_fill" in data else math.nan,
             )
+
+
+class SavedFields:
+    """The arrays of a saved case (:meth:`AttentionCase.save`), each read with its type and
+    shape checked: a foreign or damaged file gives one ValueError naming the field and the rule
+    (``not a case: field window must hold int or uint``), never an OverflowError from
+    ``int(inf)``. The values' ranges are checked once, by :class:`Mask` and
+    :class:`AttentionCase`, as for any other caller."""
+
+    def __init__(self, data: np.lib.npyio.NpzFile) -> None:
+        self.data = data
+
+    def array(self, name: str, kinds: str) -> np.ndarray:
+        """Field ``name`` in native byte order; its dtype kind must be one of ``kinds``."""
+        if name not in self.data.files:
+            raise ValueError(f"not a case: field {name} is missing")
+        value = self.data[name]
+        if value.dtype.kind not in kinds:
+            names = {"b": "bool", "i": "int", "u": "uint", "f": "float", "U": "str"}
+            wanted = " or ".join(names[kind] for kind in kinds)
+            raise ValueError(f"not a case: field {name} must hold {wanted}, got {value.dtype}")
+        return native_byte_order(value)
+
+    def _scalar(self, name: str, kinds: str, rule: str) -> np.ndarray:
+        value = self.array(name, kinds)
+        if value.shape != ():
+            raise ValueError(f"not a case: field {name} must be {rule}, got shape {value.shape}")
+        return value
+
+    def text(self, name: str, choices: tuple[str, ...] | None = None) -> str:
+        """A string field, one of ``choices`` when given."""
+        value = str(self._scalar(name, "U", "a string"))
+        if choices is not None and value not in choices:
+            raise ValueError(f"not a case: field {name}={value!r} must be one of {list(choices)}")
+        return value
+
+    def flag(self, name: str) -> bool:
+        return bool(self._scalar(name, "b", "a bool"))
+
+    def number(self, name: str) -> float:
+        """A float (or int) field; its range is the case's to check (NaN is a valid fill)."""
+        return float(self._scalar(name, "fiu", "a number"))
+
+    def integer(self, name: str) -> int:
+        """An int field; its range is the case's to check."""
+        return int(self._scalar(name, "iu", "an int"))
+
+    def bits(self, name: str, dtype: np.dtype) -> np.ndarray:
+        """A rank-4 array of ``dtype`` values, stored as such or as unsigned ints of the same
+        width (bfloat16 always, ``do`` of a backward case)."""
+        value = self.array(name, "fu")
+        if value.dtype.itemsize != dtype.itemsize or value.ndim != 4:
+            raise ValueError(
+                f"not a case: field {name} must be a rank-4 array of {dtype.name} values, "
+                f"got {value.dtype} {value.shape}"
+            )
+        return value.view(dtype)
+
+    def window(self) -> tuple[int | None, int | None]:
+        """``(window_left, window_right)`` from two ints, -1 for unbounded (:class:`Mask`
+        checks the range)."""
+        value = self.array("window", "iu")
+        if value.shape != (2,):
+            raise ValueError(f"not a case: field window must be 2 ints, got shape {value.shape}")
+        left, right = (None if w == -1 else int(w) for w in value)
+        return left, right
+
+    def lengths(self, name: str) -> tuple[int, ...] | None:
+        """Valid lengths from a 1-d int array, ``[-1]`` for None (:class:`Mask` and the case
+        check the values)."""
+        value = self.array(name, "iu")
+        if value.ndim != 1:
+            raise ValueError(f"not a case: field {name} must be 1-d, got shape {value.shape}")
+        return None if value.tolist() == [-1] else tuple(int(n) for n in value)
 
 
 _LAYOUT = {"q": "[B, Sq, Hq, D]", "k": "[B, Sk, Hkv, D]", "v": "[B, Sk, Hkv, Dv]"}

@@ -14,10 +14,16 @@ Metrics over the *evaluated* elements (reference not NaN, ``ExactResult.rows`` a
   dtype (a double-double tie is resolved by the sign of ``o_lo``) and ``ulp(r)`` the spacing of
   the output dtype in ``r``'s binade (the subnormal spacing below the normal range). A correctly
   rounded kernel scores 0.
+* near zero: with a finite bound, elements whose reference lies within it of zero
+  (``|exact| < bound``): the ulp of a value that may as well be 0 measures nothing (the
+  subnormal spacing made errors read as 1e40 ulp), so ``max_ulp`` / ``p99_ulp`` leave them out
+  (unless the actual value is non-finite), as does ``max_rel``, and ``near_zero_max_abs`` /
+  ``near_zero_max_bound_fraction`` give their absolute error against the bound instead.
 * ``bound fraction``: ``abs / bound`` (0 / 0 = 0, x / 0 = inf).
-* mismatched: ``abs > bound``, or a non-finite actual where the reference is finite (a NaN
-  always mismatches, even with ``bound=None``). Two exceptions, where the declared chain may
-  overflow: an infinite bound admits +-inf, and an element marked ``undefined`` (with an
+* mismatched: ``abs > bound``, a non-finite actual where the reference is finite, or an
+  infinite reference not matched by the same infinity (a NaN always mismatches, even with
+  ``bound=None``). Two exceptions, where the declared chain may overflow: an infinite bound
+  admits +-inf where the reference is finite, and an element marked ``undefined`` (with an
   infinite bound) admits anything, NaN included; both score a bound fraction of 0.
 * ``bound`` / ``lse_bound`` must be >= 0 (inf allowed) on evaluated elements: a NaN or negative
   bound raises ValueError (``err > NaN`` is False and would pass anything).
@@ -26,6 +32,11 @@ Metrics over the *evaluated* elements (reference not NaN, ``ExactResult.rows`` a
   cannot tell the right weighting of V from a wrong one: a pass there proves little.
 * LSE: ``|actual - reference|`` per row with ``-inf == -inf`` an error of 0 and any other
   disagreement involving an infinity or NaN an error of inf.
+
+Whether a value is accepted is decided in one place, :func:`outside_tolerance`, which every
+tolerance comparison of the harnesses goes through (docs/faults.md, "Non-finite values in the
+checks"): ``|got - expected| <= tolerance`` alone accepts every finite ``got`` when
+``expected`` is infinite and the tolerance relative (``inf <= inf``).
 """
 
 from __future__ import annotations
@@ -71,16 +82,25 @@ class ErrorReport:
     total: int
     passed: bool
     vacuous: int = 0
+    near_zero: int = 0
+    near_zero_max_abs: float | None = None
+    near_zero_max_bound_fraction: float | None = None
 
     def summary(self) -> str:
         """One line: verdict, mismatches, worst element, ulps, LSE."""
         verdict = "PASS" if self.passed else "FAIL"
         pct = 100.0 * self.mismatched / self.total if self.total else 0.0
-        parts = [
-            f"{verdict} {self.mismatched}/{self.total} ({pct:.3g}%) mismatched",
-            f"max |err| {self.max_abs:.3g}, max rel {self.max_rel:.3g}",
-            f"max {self.max_ulp:.3g} ulp / p99 {self.p99_ulp:.3g} ulp ({self.output_dtype})",
-        ]
+        parts = [f"{verdict} {self.mismatched}/{self.total} ({pct:.3g}%) mismatched"]
+        if self.near_zero < self.total or self.nonfinite:
+            parts += [
+                f"max |err| {self.max_abs:.3g}, max rel {self.max_rel:.3g}",
+                f"max {self.max_ulp:.3g} ulp / p99 {self.p99_ulp:.3g} ulp ({self.output_dtype})",
+            ]
+        if self.near_zero:
+            parts.append(
+                f"near-zero references {self.near_zero} (no ulps there): max |err| "
+                f"{self.near_zero_max_abs:.3g} = {self.near_zero_max_bound_fraction:.3g} x bound"
+            )
         if self.max_bound_fraction is not None:
             parts.append(f"max {self.max_bound_fraction:.3g} x bound")
         if self.worst_index is not None:
@@ -136,23 +156,35 @@ def compare(
     rel = err / np.maximum(np.abs(hi), float(info.tiny))
     rounded = correctly_rounded(hi, lo, output_dtype)
     ulp = _abs_error(a, rounded, np.zeros(shape)) / ulp_of(rounded, output_dtype)
-    bad_value = ~np.isfinite(a) & np.isfinite(hi) | np.isnan(a)
-    if bound is None:
-        fraction, mismatch, score = None, bad_value, err
+    if bound is None:  # only non-finite disagreements count
+        mismatch = outside_tolerance(a, hi, np.inf, expected_lo=lo, where=evaluated)
+        fraction, score = None, err
     else:
-        bound = _checked_bound("bound", _as_shape("bound", bound, shape), evaluated)
+        bound = _as_shape("bound", bound, shape)
         # An infinite bound (the declared chain may overflow there) admits +-inf, never NaN
         # unless the chain's result is undefined there.
-        admitted = np.isinf(bound) & np.isinf(a)
-        if undefined is not None:
-            admitted |= _as_shape("undefined", undefined, shape).astype(bool) & np.isinf(bound)
-        bad_value &= ~admitted
+        overflow = np.isinf(bound)
+        undefined = (
+            np.zeros(shape, bool)
+            if undefined is None
+            else _as_shape("undefined", undefined, shape).astype(bool) & overflow
+        )
+        mismatch = outside_tolerance(
+            a, hi, bound, expected_lo=lo, where=evaluated, inf_ok=overflow, nan_ok=undefined,
+            name="bound",
+        )  # fmt: skip
         with np.errstate(divide="ignore", invalid="ignore"):
             fraction = np.where(err == 0, 0.0, err / bound)
         fraction = np.where(np.isnan(fraction), np.inf, fraction)
+        admitted = (overflow & np.isinf(a)) | undefined
         fraction = np.where(admitted, 0.0, fraction)  # an admitted overflow
-        mismatch, score = bad_value | (err > bound), fraction
+        score = fraction
     vacuous = _vacuous(bound, v_range, shape) & evaluated
+    near_zero = np.zeros(shape, dtype=bool)
+    if bound is not None:
+        with np.errstate(invalid="ignore"):
+            near_zero = evaluated & np.isfinite(bound) & (np.abs(hi + lo) < bound)
+    in_ulps = evaluated & (~near_zero | ~np.isfinite(a))
 
     total = int(evaluated.sum())
     lse_max_abs, lse_mismatched = _lse_errors(actual, reference, row_mask, lse_bound)
@@ -182,9 +214,9 @@ def compare(
     return ErrorReport(
         output_dtype=output_dtype,
         max_abs=float(err[evaluated].max()),
-        max_rel=float(rel[evaluated].max()),
-        max_ulp=float(ulp[evaluated].max()),
-        p99_ulp=float(np.quantile(ulp[evaluated], 0.99, method="higher")),
+        max_rel=float(rel[in_ulps].max(initial=0.0)),
+        max_ulp=float(ulp[in_ulps].max(initial=0.0)),
+        p99_ulp=float(np.quantile(ulp[in_ulps], 0.99, method="higher")) if in_ulps.any() else 0.0,
         max_bound_fraction=None if fraction is None else float(fraction[evaluated].max()),
         worst_index=worst,
         worst_actual=float(a[worst]),
@@ -199,6 +231,11 @@ def compare(
         total=total,
         passed=mismatched == 0 and lse_mismatched == 0,
         vacuous=int(vacuous.sum()),
+        near_zero=int(near_zero.sum()),
+        near_zero_max_abs=float(err[near_zero].max()) if near_zero.any() else None,
+        near_zero_max_bound_fraction=(
+            float(fraction[near_zero].max()) if near_zero.any() else None
+        ),
     )
 
 
@@ -240,10 +277,12 @@ def failure_message(
     if report.worst_index is not None:
         fraction = report.max_bound_fraction
         times = "" if fraction is None else f" = {fraction:.3g} x bound"
+        ulps = f" = {report.worst_ulp:.3g} ulp({report.output_dtype})"
+        if report.worst_bound is not None and abs(report.worst_reference) < report.worst_bound:
+            ulps = " (near-zero reference: no ulps)"
         lines.append(
-            f"worst at (b, i, h, c) = {report.worst_index}: error "
-            f"{report.worst_abs:.3g}"
-            f" = {report.worst_ulp:.3g} ulp({report.output_dtype}){times}"
+            f"worst at (b, i, h, c) = {report.worst_index}: error {report.worst_abs:.3g}{ulps}"
+            f"{times}"
         )
         values = f"kernel {report.worst_actual!r} | reference {report.worst_reference!r}"
         if report.worst_bound is not None:
@@ -284,6 +323,58 @@ def ulp_of(x: np.ndarray, dtype: str) -> np.ndarray:
     _, exponent = np.frexp(np.where(np.isfinite(x), x, float(info.max)))
     binade = np.where(x == 0, info.minexp, np.maximum(exponent - 1, info.minexp))
     return np.ldexp(1.0, binade - info.nmant)
+
+
+def outside_tolerance(
+    got: np.ndarray,
+    expected: np.ndarray | float,
+    tolerance: np.ndarray | float,
+    *,
+    expected_lo: np.ndarray | None = None,
+    where: np.ndarray | bool = True,
+    inf_ok: np.ndarray | bool = False,
+    nan_ok: np.ndarray | bool = False,
+    name: str = "tolerance",
+) -> np.ndarray:
+    """Bool mask (the broadcast shape, False outside ``where``) of the values ``got`` that are
+    not accepted for ``expected``. Non-finite values are decided explicitly, never by the
+    arithmetic (``|x - inf| <= inf`` holds for every finite x; ``NaN <= t`` is False):
+
+    * ``expected`` finite: ``got`` finite and ``|got - (expected + expected_lo)| <= tolerance``;
+      +-inf only where ``inf_ok`` (the declared chain may overflow there);
+    * ``expected`` +-inf: ``got`` that same infinity; the tolerance plays no part;
+    * ``expected`` NaN: only where ``nan_ok``, and then ``got`` NaN (ValueError elsewhere:
+      leave such positions out with ``where``);
+    * ``got`` NaN is accepted only where ``nan_ok``.
+
+    ``tolerance`` must be >= 0 (inf allowed) wherever compared: a NaN one would accept anything
+    (ValueError naming ``name``).
+    """
+    got = np.asarray(got, dtype=np.float64)
+    expected = np.asarray(expected, dtype=np.float64)
+    shape = np.broadcast_shapes(got.shape, expected.shape)
+    where = np.broadcast_to(np.asarray(where, dtype=bool), shape)
+    nan_ok = np.broadcast_to(np.asarray(nan_ok, dtype=bool), shape)
+    tolerance = _checked_bound(name, np.broadcast_to(tolerance, shape), where)
+    unexpected_nan = where & np.isnan(expected) & ~nan_ok
+    if unexpected_nan.any():
+        at = tuple(int(i) for i in np.argwhere(unexpected_nan)[0])
+        raise ValueError(
+            f"expected is NaN at {int(unexpected_nan.sum())} compared positions where NaN is "
+            f"not allowed, first at {at}: leave them out (where=) or allow NaN there (nan_ok=)"
+        )
+    finite = np.isfinite(expected)
+    lo = 0.0
+    if expected_lo is not None:
+        lo = np.asarray(expected_lo, dtype=np.float64)
+        lo = np.where(finite & np.isfinite(lo), lo, 0.0)
+    accepted = (
+        (finite & np.isfinite(got) & (_abs_error(got, expected, lo) <= tolerance))
+        | (finite & np.isinf(got) & inf_ok)
+        | (np.isinf(expected) & (got == expected))
+        | (np.isnan(got) & nan_ok)
+    )
+    return where & ~accepted
 
 
 def _abs_error(a: np.ndarray, hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
@@ -409,10 +500,9 @@ def _lse_errors(
             raise ValueError(f"{name} shape {x.shape} must equal [B, Hq, Sq]={row_mask.shape}")
     evaluated = row_mask & ~np.isnan(ref)
     err = _abs_error(act, ref, np.zeros(ref.shape))
-    mismatch = (err > 0) & ~(np.isfinite(act) & np.isfinite(ref))
-    if lse_bound is not None:
-        if np.shape(lse_bound) != ref.shape:
-            raise ValueError(f"lse_bound shape {np.shape(lse_bound)} must be {ref.shape}")
-        mismatch |= err > _checked_bound("lse_bound", lse_bound, evaluated)
+    if lse_bound is not None and np.shape(lse_bound) != ref.shape:
+        raise ValueError(f"lse_bound shape {np.shape(lse_bound)} must be {ref.shape}")
+    tolerance = np.inf if lse_bound is None else lse_bound  # None: non-finite disagreements only
+    mismatch = outside_tolerance(act, ref, tolerance, where=evaluated, name="lse_bound")
     max_abs = float(err[evaluated].max()) if evaluated.any() else 0.0
-    return max_abs, int((mismatch & evaluated).sum())
+    return max_abs, int(mismatch.sum())

@@ -53,6 +53,16 @@ stays accurate however small). Then ``(P~_sigma - p_sigma)(0 - O) / L~`` adds at
 ``2 rho |O|`` to the O bound and ``2 rho`` to the LSE bound (both added whenever there is a
 sink). The LSE is ``M u + ln L~``, one more ``e u`` for the shift. An empty row with a sink has
 ``O = 0``, ``LSE = sigma`` (exact) and bound 0.
+
+A sink that outweighs every key beyond double resolution is not exponentiated: ``exp(sigma - M)``
+has about ``1.44 (sigma - M)`` bits, which for a float32 sink of 1e9 takes minutes and for 3e38
+does not fit in memory. With ``d = sigma - max_j l_j`` and ``t = sum_j exp(l_j - sigma) <= n
+e^-d``, ``LSE = sigma + ln(1 + t)`` and ``|O_c| <= t max_j |v_jc| / (1 + t)``. Every input is
+below ``2^128`` in magnitude, so once ``d >= (1203 + log2 n) ln 2`` (:func:`sink_outweighs_keys`,
+on the lower bound ``(sigma 2^F - M - e) u`` of ``d``), ``|O_c| < 2^-1075`` and ``0 <= LSE -
+sigma < 2^-1203``: the nearest doubles are ``O = 0`` and ``LSE = sigma``, returned as they are
+(the full evaluation would round to the same doubles) with bound ``2^-1074`` (docs/numerics.md,
+"A dominant sink"). Below that margin ``exp(sigma - M) 2^F`` has at most ``1245 + F`` bits.
 """
 
 from __future__ import annotations
@@ -87,6 +97,10 @@ EXP_FIXED_ERROR_BOUND = 64
 #: Assumed bound on the error of ``mpf_tanh(x, W)`` in units of ``2^-W`` (mpmath computes it
 #: from ``exp`` at extra precision; the test samples it against a much wider evaluation).
 TANH_ERROR_BOUND = 64
+
+#: ``log2`` of the largest input magnitude plus the double range's bottom, ``128 + 1075``: a sink
+#: that many ``log2 n`` bits above every logit leaves ``|O| < 2^-1075`` (module docstring).
+_SINK_ONLY_BITS = 128 + 1075
 
 #: Largest ``prec_bits``: a row sum (up to ``Sk 2^prec_bits``, Sk <= 2^40 by the element budget's
 #: ceiling reference.case.MAX_ELEMENTS_CEILING) must stay below 2^1024 to become a float64.
@@ -404,9 +418,14 @@ def _evaluate_group(
             p_rows = [weights.row(scores[r], masks[r]) for r in range(n)]
         else:
             weights = _SurfaceWeights(case, score_exponent, prec_bits)
-            p_rows = [
+            surface_rows = [
                 weights.surface_row(scores[r], masks[r], h) for r, (h, _, _) in enumerate(chunk)
             ]
+            kept = _write_sink_only_rows(case, b, chunk, surface_rows, out)
+            if not kept:
+                continue
+            chunk, masks, p_rows = ([x[r] for r in kept] for x in (chunk, masks, surface_rows))
+            n = len(kept)
         p_limbs = weights.limbs(p_rows, len(cols))  # [nl, n, cols]
         nl = p_limbs.shape[0]
         p_limbs = p_limbs.reshape(nl * n, len(cols))
@@ -419,6 +438,20 @@ def _evaluate_group(
         for r, (h, i, _) in enumerate(chunk):  # numerators: exact sum_j P_j v_j 2^(F - v_lo)
             values = _visible_values(v, masks[r])
             _finish_row(out, b, h, i, numerators[r], p_rows[r], values, v_lo, weights)
+
+
+def _write_sink_only_rows(
+    case: AttentionCase, b: int, chunk: list, surface_rows: list, out: _Outputs
+) -> list[int]:
+    """Write the rows the sink outweighs beyond double resolution (``surface_rows[r]`` None):
+    ``O = 0``, ``LSE = sigma``, bound ``2^-1074`` (module docstring); return the other rows'
+    indices, which the fixed-point evaluation finishes."""
+    for (h, i, _), p_row in zip(chunk, surface_rows, strict=True):
+        if p_row is None:
+            out.o[b, i, h], out.o_lo[b, i, h] = 0.0, 0.0
+            out.lse[b, h, i] = float(case.sink[h])
+            out.o_err_bound[b, h, i] = out.lse_err_bound[b, h, i] = 2.0**-1074
+    return [r for r, p_row in enumerate(surface_rows) if p_row is not None]
 
 
 def _visible_values(v: np.ndarray, seen: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
@@ -530,9 +563,10 @@ class _SurfaceWeights(_Weights):
 
     def surface_row(
         self, scores: np.ndarray, seen: np.ndarray, h: int
-    ) -> tuple[list[int], int, int | None]:
+    ) -> tuple[list[int], int, int | None] | None:
         """(P for every column, 0 where masked; the shift ``M`` in fixed point; the sink's
-        weight, None without a sink) for a row of query head ``h``."""
+        weight, None without a sink) for a row of query head ``h``; None when the sink
+        outweighs every key beyond double resolution (:func:`sink_outweighs_keys`)."""
         logits = self.logits(scores[seen])
         shift = max(logits)
         full = [0] * len(seen)
@@ -545,11 +579,21 @@ class _SurfaceWeights(_Weights):
         sink = (numerator << F) // denominator  # floor(sigma 2^F)
         if sink <= shift:
             return full, shift, int(self.weight(shift - sink))
+        margin = (sink - shift - math.ceil(self.arg_error_units / 2)) >> F  # <= sigma - max l_j
+        if sink_outweighs_keys(margin, len(logits)):
+            return None
         return full, shift, to_fixed(mpf_exp(from_man_exp(sink - shift, -F), F + 8), F)
 
     def lse_shift(self, shift: int) -> tuple:
         """``M u`` as an exact mpf."""
         return from_man_exp(shift, -self.fraction_bits)
+
+
+def sink_outweighs_keys(margin: int, keys: int) -> bool:
+    """True when a sink at least ``margin`` (natural-log units) above all of ``keys`` visible
+    logits leaves ``|O| < 2^-1075`` and ``LSE - sigma < 2^-1203`` for inputs below ``2^128``:
+    ``margin >= (1203 + log2 keys) ln 2``, with one bit to spare for the float evaluation."""
+    return margin > (_SINK_ONLY_BITS + 1 + math.log2(keys)) * math.log(2.0)
 
 
 def _dyadic(x: float) -> tuple[int, int]:

@@ -52,6 +52,7 @@ from attention_crossval.reference.exact import (
     _check_rows,
     _combine,
     _dyadic,
+    _exponent_range,
     _IntMatrix,
     _limb_budget,
     _plan_limbs,
@@ -452,9 +453,19 @@ def _object_array(values: list[int]) -> np.ndarray:
 
 
 def _exact_ints(x: np.ndarray) -> tuple[np.ndarray, int]:
-    """``(ints, exponent)`` with ``x = ints 2^exponent`` exactly, Python ints, any shape."""
-    limbs = _to_limbs(x.reshape(1, -1), _bit_width(x), 1)
-    return np.frompyfunc(int, 1, 1)(limbs.limbs[0, 0]).reshape(x.shape), limbs.exponent
+    """``(ints, exponent)`` with ``x = ints 2^exponent`` exactly, Python ints, any shape.
+
+    Built from each value's integer ratio, not from float64 limbs: a dlse whose values span
+    more than the float64 exponent range (1e-300 next to 1e300) overflowed the limbs' scaling
+    to inf and then NaN ("cannot convert float NaN to integer")."""
+    exponent, _ = _exponent_range(x)
+
+    def to_int(value: float) -> int:
+        numerator, denominator = float(value).as_integer_ratio()
+        shift = -exponent - (denominator.bit_length() - 1)  # value is a multiple of 2^exponent
+        return numerator << shift if shift >= 0 else numerator >> -shift
+
+    return np.frompyfunc(to_int, 1, 1)(x).reshape(x.shape), exponent
 
 
 def _gradients(group: _Group, stats: _RowStats) -> dict[str, tuple]:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attention_crossval.reference.case import AttentionCase
+from attention_crossval.reference.case import AttentionCase, SavedFields, native_byte_order
 
 
 @dataclass(frozen=True, eq=False)
@@ -43,6 +43,7 @@ class BackwardCase:
             raise ValueError(f"forward must be an AttentionCase, got {type(case).__name__}")
         if not isinstance(self.do, np.ndarray):
             raise ValueError(f"do must be a numpy array, got {type(self.do).__name__}")
+        object.__setattr__(self, "do", native_byte_order(self.do))  # as the forward's inputs
         expected = (case.B, case.Sq, case.Hq, case.Dv)
         if self.do.shape != expected:
             raise ValueError(f"do shape {self.do.shape} must be [B, Sq, Hq, Dv]={expected}")
@@ -84,8 +85,9 @@ class BackwardCase:
         with np.load(path) as data:
             if "do" not in data:
                 raise ValueError(f"{path} holds a forward case only (no 'do' array)")
-            do = data["do"].view(forward.q.dtype)
-            dlse = data["dlse"] if "dlse" in data else None
+            fields = SavedFields(data)
+            do = fields.bits("do", forward.q.dtype)
+            dlse = fields.array("dlse", "f") if "dlse" in data else None
         return cls(forward, do, dlse, forward.label)
 
 

@@ -7,6 +7,7 @@ tolerance from, so a kernel declares its chain once and both follow it.
 from __future__ import annotations
 
 import math
+import reprlib
 from dataclasses import dataclass
 
 import ml_dtypes
@@ -106,11 +107,24 @@ class StreamingPrecision:
             raise ValueError(
                 f"row_sum_from_rounded_p={self.row_sum_from_rounded_p!r} must be a bool"
             )
+        self._check_threshold()
+
+    def _check_threshold(self) -> None:
+        """A stale max lets P reach ``2^threshold``: at or beyond the exponent range of the
+        narrowest stage (128 for float32, 1024 for float64) P itself overflows, which no
+        kernel can declare (every tier raised OverflowError at ``10**400``)."""
         threshold = self.rescale_threshold_log2
+        limit = 1024 if self.score_dtype == self.accum_dtype == "float64" else 128
+        rule = f"must be a finite float in [0, {limit}) (log2 units; {limit}: P overflows)"
         if isinstance(threshold, bool) or not isinstance(threshold, (int, float, np.floating)):
-            raise ValueError(f"rescale_threshold_log2={threshold!r} must be a float >= 0")
-        if not self.rescale_threshold_log2 >= 0:
-            raise ValueError(f"rescale_threshold_log2={self.rescale_threshold_log2!r} must be >= 0")
+            raise ValueError(f"rescale_threshold_log2={reprlib.repr(threshold)} {rule}")
+        try:
+            value = float(threshold)
+        except OverflowError:  # an int beyond the float range
+            value = math.inf
+        if not 0 <= value < limit:
+            raise ValueError(f"rescale_threshold_log2={reprlib.repr(threshold)} {rule}")
+        object.__setattr__(self, "rescale_threshold_log2", value)
 
     @classmethod
     def float64(cls) -> StreamingPrecision:

@@ -9,8 +9,9 @@ as a fraction of its derived bound (:mod:`kernel.references_backward`). The reco
 object (schema: report/schema.json, ``$defs/backward``) holds them with the triage, the count of
 vacuous bound elements per gradient and the run-to-run result.
 
-dO is the ``gaussian`` gradient distribution of ``properties.strategies`` seeded with the
-config's seed: a config recipe names no dO, so adding the backward changes no forward key.
+dO is the config's ``do_distribution`` (a gradient distribution of ``properties.strategies``;
+``gaussian`` when the recipe names none) seeded with the config's seed; it is not part of the
+forward inputs, so it changes no forward case.
 """
 
 from __future__ import annotations
@@ -41,16 +42,22 @@ PASSES = ("forward", "backward", "both")
 _SEVERITY = {"unsupported": 0, "pass": 1, "fail": 2, "error": 3}
 
 
-def backward_case(case: AttentionCase, seed: int) -> BackwardCase:
-    """``case`` plus a gaussian dO seeded with ``seed``, rounded to the case's dtype."""
-    return build_do(GRADIENT_DISTRIBUTIONS["gaussian"], case, seed)
+def backward_case(
+    case: AttentionCase, seed: int, do_distribution: str = "gaussian"
+) -> BackwardCase:
+    """``case`` plus a dO of ``do_distribution`` seeded with ``seed``, rounded to the case's
+    dtype."""
+    return build_do(GRADIENT_DISTRIBUTIONS[do_distribution], case, seed)
 
 
-def backward_section(case: AttentionCase, seed: int, kernel: Any, options: Any) -> dict:
+def backward_section(
+    case: AttentionCase, seed: int, kernel: Any, options: Any, do_distribution: str = "gaussian"
+) -> dict:
     """The ``backward`` object of one record: ``kernel`` is a ``report.runner.Kernel``,
-    ``options`` the ``RunOptions`` (tiers, rows and prec_bits of the exact tier, repeats)."""
+    ``options`` the ``RunOptions`` (tiers, rows and prec_bits of the exact tier, repeats),
+    ``do_distribution`` the config's dO."""
     spec = kernel.spec
-    grad_case = backward_case(case, seed)
+    grad_case = backward_case(case, seed, do_distribution)
     try:
         verdict = run_backward_case(
             kernel.adapter, grad_case, isolated=kernel.isolated, repeats=options.repeats,
@@ -142,12 +149,14 @@ BACKWARD_COLUMNS = (
 )
 
 BACKWARD_LEGEND = """\
-Backward pass: dq, dk, dv of a gaussian dO. err/bound is the largest |error| / derived bound
-over kernel vs exact (sampled rows and keys) and kernel vs float64 (every element), <= 1
-passes; ulps are of the declared backward chain's output dtype. Triage per gradient: none (all
-within), kernel (the kernel is off while the streaming emulation is within: implementation bug),
-chain (the emulation is off too: precision chain or bound). determ.: bitwise, or how many
-elements differed between runs (required only of a kernel declaring a deterministic backward).
+Backward pass: dq, dk, dv of the config's dO (gaussian unless its name holds -do_NAME).
+err/bound is the largest |error| / derived bound over kernel vs exact (sampled rows and keys)
+and kernel vs float64 (every element), <= 1 passes; ulps are of the declared backward chain's
+output dtype, at references farther from zero than their bound (near-zero ones have err/bound
+only). Triage per gradient: none (all within), kernel (the kernel is off while the streaming
+emulation is within: implementation bug), chain (the emulation is off too: precision chain or
+bound). determ.: bitwise, or how many elements differed between runs (required only of a kernel
+declaring a deterministic backward).
 """
 
 
@@ -159,8 +168,10 @@ def backward_cells(record: dict) -> list[str]:
     verdict = section["verdict"].upper() if section["verdict"] == "fail" else section["verdict"]
     verdict = f"{verdict} ({', '.join(checks)})" if checks else verdict
     if section["status"] != "ok":
-        message = (section.get("message") or "").replace("|", "/").replace("\n", " ")
-        return [config, kernel, verdict, message[:120]] + [""] * (len(BACKWARD_COLUMNS) - 4)
+        from attention_crossval.report.summary import first_line  # the full text: below
+
+        message = first_line(section.get("message"))
+        return [config, kernel, verdict, message] + [""] * (len(BACKWARD_COLUMNS) - 4)
     pairs = {g: section["gradients"][g] for g in GRADIENTS}
     kernel_pairs = ("kernel_vs_exact", "kernel_vs_float64")
 

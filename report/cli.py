@@ -5,7 +5,7 @@ attention-report --kernel sdpa-flash --kernel flash-attn-cute --preset gpu-small
 attention-report --kernel mypkg.fa:adapter --sample 50 --tier exact
 attention-report --pass both                      # forward and backward (dq, dk, dv)
 attention-report --config-file configs.toml
-attention-report diff old/report.json new/report.json   # exit 1 on regressions
+attention-report diff old/report.json new/report.json   # exit 1 on regressions, removed records
 attention-report --preset gpu-small --kernel sdpa-flash --gpus all --out DIR   # one shard per GPU
 attention-report merge OUT DIR/shard-0-of-2 DIR/shard-1-of-2   # merge --shard K/N runs
 """
@@ -221,9 +221,7 @@ def _run_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--no-html", action="store_true", help="write JSON and Markdown only")
-    parser.add_argument(
-        "--strict", action="store_true", help="exit 1 when any record fails or errors"
-    )
+    _exit_options(parser)
     shards = parser.add_mutually_exclusive_group()
     shards.add_argument(
         "--shard",
@@ -246,10 +244,27 @@ def _run_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _exit_options(parser: argparse.ArgumentParser) -> None:
+    """``--exit-zero`` (the exit status of a finished report is 0 whatever its records) and
+    ``--strict`` (accepted for older scripts: failing records exit 1 by default)."""
+    parser.add_argument(
+        "--exit-zero",
+        action="store_true",
+        help="exit 0 when the report is written, even if records fail or error (default: 1, "
+        "like pytest)",
+    )
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        help="exit 1 when any record fails or errors (the default; kept for older scripts)",
+    )
+
+
 def _diff_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="attention-report diff",
-        description="Compare two reports (report.json or records.jsonl); exit 1 on regressions.",
+        description="Compare two reports (report.json or records.jsonl); exit 1 on regressions "
+        "and on records that disappeared.",
     )
     parser.add_argument("old", type=_existing_file)
     parser.add_argument("new", type=_existing_file)
@@ -280,6 +295,7 @@ def _merge_parser() -> argparse.ArgumentParser:
     parser.add_argument("out", type=_directory, help="output directory of the merged report")
     parser.add_argument("shards", nargs="+", help="shard folders or their report.json")
     parser.add_argument("--no-html", action="store_true", help="write JSON and Markdown only")
+    _exit_options(parser)
     return parser
 
 
@@ -355,7 +371,7 @@ def _run_locked(args: argparse.Namespace, argv: Sequence[str], gpus: list[str] |
     if gpus is not None:
         close_kernels(kernels)  # the shards run their own
         report = run_on_gpus(argv, gpus, args.out, html=not args.no_html)
-        return _summary_line(report, args.out, args.strict)
+        return _summary_line(report, args.out, exit_zero=args.exit_zero)
     if args.shard is not None:
         index, count = args.shard
         configs = shard_configs(configs, index, count)
@@ -370,22 +386,23 @@ def _run_locked(args: argparse.Namespace, argv: Sequence[str], gpus: list[str] |
         command=["attention-report", *argv],
         provenance=provenance,
     )
-    return _summary_line(report, args.out, args.strict)
+    return _summary_line(report, args.out, exit_zero=args.exit_zero)
 
 
-def _summary_line(report: dict, out: str, strict: bool) -> int:
-    """Print where the report went; the exit status (1: --strict and a failure)."""
+def _summary_line(report: dict, out: str, *, exit_zero: bool) -> int:
+    """Print where the report went; the exit status: 1 when a record failed or errored (as
+    pytest's), unless ``exit_zero``."""
     verdicts = report["summary"]["verdicts"]
     written = [n for n in ("report.json", "report.md", "report.html") if (Path(out) / n).exists()]
     print(
         f"attention-report: {report['summary']['records']} records {verdicts} in "
         f"{report['elapsed_s']:.1f} s -> {out}/ ({', '.join(written)})"
     )
-    return 1 if strict and (verdicts.get("fail") or verdicts.get("error")) else 0
+    return 0 if exit_zero or not (verdicts.get("fail") or verdicts.get("error")) else 1
 
 
 def diff_main(argv: Sequence[str]) -> int:
-    from attention_crossval.report.diff import diff_records, load_records, render_diff
+    from attention_crossval.report.diff import diff_records, failed, load_records, render_diff
 
     args = _diff_parser().parse_args(argv)
     rows = diff_records(
@@ -398,7 +415,7 @@ def diff_main(argv: Sequence[str]) -> int:
     print(text, end="")
     if args.out:
         Path(args.out).write_text(text)
-    return 1 if any(r["change"] == "regression" for r in rows) else 0
+    return 1 if failed(rows) else 0
 
 
 def merge_main(argv: Sequence[str]) -> int:
@@ -413,7 +430,7 @@ def merge_main(argv: Sequence[str]) -> int:
             html=not args.no_html,
             command=["attention-report", "merge", *argv],
         )
-    return _summary_line(report, args.out, strict=False)
+    return _summary_line(report, args.out, exit_zero=args.exit_zero)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -24,6 +24,7 @@ import numpy as np
 
 # The builders of properties.strategies, from its private modules: the public module also loads
 # the pytest coverage plugin, and the report must run where pytest is not installed.
+from attention_crossval.properties._strategies.gradients import GRADIENT_DISTRIBUTIONS
 from attention_crossval.properties._strategies.scores import DISTRIBUTIONS, BuildContext
 from attention_crossval.properties._strategies.shapes import Shape
 from attention_crossval.reference.case import (
@@ -48,10 +49,20 @@ MASK_KINDS = (
     "varlen-causal",
     "varlen-window",
     "varlen-long",
+    "explicit",
 )
 # Recipe fields added after reports existed: left out of fields() while None, so older recipes
 # keep their digest (resume keys) and their inputs (the NumPy seed hashes the recipe).
-_OPTIONAL = ("Dv", "softmax_scale", "softcap", "sink", "page_size", "num_splits", "layout")
+_OPTIONAL = (
+    "Dv",
+    "softmax_scale",
+    "softcap",
+    "sink",
+    "page_size",
+    "num_splits",
+    "layout",
+    "do_distribution",
+)
 
 
 @dataclass(frozen=True)
@@ -65,7 +76,9 @@ class Config:
       (bottom-right diagonal); ``varlen*`` gives batch b valid lengths shrinking with b, with
       the causal mask or that window on top; ``varlen-long`` (causal) keeps batch 0 at the
       full lengths and gives the others short ones (``S // 64 + b``): one long sequence packed
-      with short ones, as a long-context server batches them.
+      with short ones, as a long-context server batches them. ``explicit``: a fixed boolean
+      pattern (:func:`explicit_pattern`) that hides about a fifth of the keys and every key of
+      every fourth query row, so those rows are empty (O = 0, LSE = -inf).
     * ``distribution``: a score distribution of ``properties.strategies`` (its builder makes
       the inputs); ``tile_n`` the K block its patterns align to (e.g. ``ramp``: a new max in
       every block); ``noise`` the scale of the non-pattern key coordinates.
@@ -77,6 +90,9 @@ class Config:
       ``page_size`` (None: contiguous K/V), ``num_splits`` (None: 1), ``layout`` (None:
       "padded"; or "packed"). A kernel that does not declare one records the config as
       unsupported.
+    * ``do_distribution``: the backward pass's dO, a name of
+      ``properties.strategies.GRADIENT_DISTRIBUTIONS`` seeded with ``seed`` (None: gaussian);
+      left out of :meth:`fields` when None. The forward inputs do not depend on it.
     * ``name``: unique within a report; derived from the fields when left empty.
     """
 
@@ -100,6 +116,7 @@ class Config:
     page_size: int | None = None
     num_splits: int | None = None
     layout: str | None = None
+    do_distribution: str | None = None
 
     def __post_init__(self) -> None:
         # isinstance first: a list or dict value would make the membership tests raise TypeError.
@@ -171,6 +188,14 @@ class Config:
             raise ValueError(
                 f"config.layout={self.layout!r} must be None or one of {list(LAYOUTS)}"
             )
+        if self.do_distribution is not None and (
+            not isinstance(self.do_distribution, str)
+            or self.do_distribution not in GRADIENT_DISTRIBUTIONS
+        ):
+            raise ValueError(
+                f"config.do_distribution={self.do_distribution!r} must be None (= gaussian) or "
+                f"one of {list(GRADIENT_DISTRIBUTIONS)}"
+            )
         if not isinstance(self.name, str):
             raise ValueError(f"config.name={self.name!r} must be a string (empty: derived)")
         if not self.name:
@@ -183,6 +208,7 @@ class Config:
             name += "" if self.page_size is None else f"-page{self.page_size}"
             name += "" if self.num_splits is None else f"-splits{self.num_splits}"
             name += "" if self.layout is None else f"-{self.layout}"
+            name += "" if self.do_distribution is None else f"-do_{self.do_distribution}"
             object.__setattr__(self, "name", name if self.seed == 0 else f"{name}-s{self.seed}")
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
@@ -212,7 +238,11 @@ class Config:
         """The case this recipe describes (deterministic in the fields); refused under the
         run's element budget before any array is drawn."""
         self.check_budget()
-        recipe = {key: value for key, value in self.fields().items() if key != "name"}
+        recipe = {
+            key: value
+            for key, value in self.fields().items()
+            if key not in ("name", "do_distribution")  # the backward's dO, not an input
+        }
         rng = np.random.default_rng([self.seed, _stable_int(json.dumps(recipe, sort_keys=True))])
         mask = _mask(self)
         context = BuildContext(
@@ -309,6 +339,8 @@ def _mask(config: Config) -> Mask:
         return Mask(causal=True)
     if kind == "causal-top-left":
         return Mask(causal=True, alignment=CausalAlignment.TOP_LEFT)
+    if kind == "explicit":
+        return Mask(explicit=explicit_pattern(config.Sq, config.Sk))
     if kind == "varlen-long":
         short = lambda n, b: n if b == 0 else min(n, n // 64 + b)  # noqa: E731
         return Mask(
@@ -328,6 +360,16 @@ def _mask(config: Config) -> Mask:
     return Mask(
         causal=on_top is not None, q_lengths=q_lengths, k_lengths=k_lengths, **(on_top or {})
     )
+
+
+def explicit_pattern(Sq: int, Sk: int) -> np.ndarray:
+    """Bool ``[1, 1, Sq, Sk]`` (True = visible): key j hidden from row i where ``(7i + 3j) % 5
+    == 0``, the same for every batch and head, and rows ``i % 4 == 3`` hidden entirely: an
+    explicit mask that empties rows, which no causal, window or length mask does in a row
+    inside its lengths."""
+    i, j = np.arange(Sq)[:, None], np.arange(Sk)[None, :]
+    visible = ((7 * i + 3 * j) % 5 != 0) & (i % 4 != 3)
+    return visible[None, None]
 
 
 def distribution_names() -> list[str]:
@@ -453,6 +495,80 @@ def _huge() -> list[Config]:
     ]
 
 
+def _rotated() -> list[Config]:
+    """The default grid's rotated part: 84 configs over dtype x mask x distribution, shapes
+    rotating, with GQA with 1 < Hkv < Hq, Dv != D, key lengths below 64, scores beyond the
+    fp16 range (huge) and varlen under causal and window masks with q and k lengths that
+    differ."""
+    return grid(
+        dtypes=["bfloat16", "float16"],
+        head_dims=[64, 128],
+        lengths=[(128, 128), (100, 300), (1, 257), (200, 129), (64, 512), (50, 37), (16, 48)],
+        masks=["none", "causal", "window", "varlen", "varlen-causal", "varlen-window"],
+        distributions=(*_CPU_DISTS, "huge"),
+        heads=[(2, 1), (4, 2)],
+        value_dims=[None, 32],
+    )
+
+
+def _crossed() -> list[Config]:
+    """The default grid's crossed part: distributions with the shapes their bugs need, which
+    the rotation of :func:`grid` ties to one shape each. Decode with several distributions
+    (its largest logit below -30 with ``below_sentinel`` and ``huge``), half-tile lengths (1.5
+    tiles of 128 and of 64) with the families whose LSE is very negative (``huge``,
+    ``below_sentinel``), uniform logits (``constant``, ``tiny_variance``), an explicit mask
+    that empties rows, and GQA decodes of 4096 keys and more."""
+    dtypes = itertools.cycle(["bfloat16", "float16"])
+    decode = [
+        Config(next(dtypes), 64, 1, 257, Hq=4, Hkv=2, distribution=dist)
+        for dist in (
+            "gaussian", "below_sentinel", "huge", "last_block_spike", "near_ties", "constant",
+            "descending",
+        )
+    ]  # fmt: skip
+    half_tile = [
+        Config(next(dtypes), 64, Sq, Sk, Hq=4, Hkv=2, mask=mask, distribution=dist)
+        for (Sq, Sk), mask in (((64, 192), "causal"), ((32, 96), "none"))
+        for dist in ("huge", "below_sentinel")
+    ]
+    uniform = [
+        Config(next(dtypes), D, Sq, Sk, B=B, mask=mask, distribution=dist)
+        for dist in ("constant", "tiny_variance")
+        for D, Sq, Sk, B, mask in ((64, 100, 300, 3, "varlen-causal"), (128, 128, 128, 1, "window"))
+    ]
+    explicit = [
+        Config("float16", 64, 50, 130, Hq=4, Hkv=2, mask="explicit"),
+        Config("bfloat16", 128, 64, 192, mask="explicit", distribution="near_ties"),
+    ]
+    long_decode = [
+        Config("bfloat16", 64, 1, 4096, Hq=8, Hkv=2),
+        Config("float16", 64, 2, 4097, Hq=4, Hkv=1, distribution="ramp"),
+        Config("bfloat16", 64, 1, 4096, Hq=8, Hkv=2, distribution="below_sentinel"),
+    ]
+    return [*decode, *half_tile, *uniform, *explicit, *long_decode]
+
+
+def _backward_rows() -> list[Config]:
+    """Rows for ``--pass backward|both`` that the rest of the default grid lacks: softmax
+    scales 0.5 and 1.0 (a scale applied wrongly in dk), every non-gaussian dO, fp32 inputs, and
+    keys to 4096 (dq summed over many key blocks). They run in the forward pass too."""
+    return [
+        Config("bfloat16", 64, 100, 300, mask="causal", softmax_scale=0.5),
+        Config("float16", 64, 128, 128, Hq=4, Hkv=2, distribution="ramp", softmax_scale=1.0,
+               do_distribution="large"),
+        Config("bfloat16", 64, 65, 200, mask="causal", do_distribution="one_hot"),
+        Config("float16", 64, 64, 129, mask="window", softmax_scale=1.0, do_distribution="large"),
+        Config("bfloat16", 64, 100, 300, B=3, mask="varlen-causal", do_distribution="orthogonal"),
+        Config("float16", 64, 1, 257, Hq=4, Hkv=2, do_distribution="aligned"),
+        Config("float32", 64, 128, 128, mask="causal"),
+        Config("float32", 32, 100, 300, B=3, mask="varlen-causal", do_distribution="one_hot"),
+        Config("float32", 64, 64, 200, distribution="near_ties", softmax_scale=0.5,
+               do_distribution="large"),
+        Config("bfloat16", 64, 64, 2048, Hq=4, Hkv=2, mask="causal"),
+        Config("float16", 64, 16, 4096, do_distribution="one_hot"),
+    ]  # fmt: skip
+
+
 PRESETS: dict[str, Callable[[], list[Config]]] = {
     # Smoke test: two tiny configs (tests and a first look).
     "tiny": lambda: grid(
@@ -462,19 +578,10 @@ PRESETS: dict[str, Callable[[], list[Config]]] = {
         masks=["none", "causal"],
         distributions=["gaussian"],
     ),
-    # CPU default: under a minute of CPU on 2 cores with the NumPy streaming tier as the
-    # kernel. It reaches the bug classes of the property suite: GQA with 1 < Hkv < Hq, Dv != D,
-    # key lengths below 64, scores beyond the fp16 range (huge), varlen under causal and window
-    # masks with q and k lengths that differ (properties/test_report_grid.py).
-    "default": lambda: grid(
-        dtypes=["bfloat16", "float16"],
-        head_dims=[64, 128],
-        lengths=[(128, 128), (100, 300), (1, 257), (200, 129), (64, 512), (50, 37), (16, 48)],
-        masks=["none", "causal", "window", "varlen", "varlen-causal", "varlen-window"],
-        distributions=(*_CPU_DISTS, "huge"),
-        heads=[(2, 1), (4, 2)],
-        value_dims=[None, 32],
-    ),
+    # CPU default, with the NumPy streaming tier as the kernel: the rotated grid, the crossed
+    # configs and the backward rows. It reaches the input classes of report.grid_classes
+    # (properties/test_report_grid.py).
+    "default": lambda: _rotated() + _crossed() + _backward_rows(),
     "gpu-small": lambda: grid(
         dtypes=["bfloat16", "float16"],
         head_dims=[64, 128],

@@ -1,4 +1,7 @@
-"""Compare two reports record by record, matched on (config name, kernel name).
+"""Compare two reports record by record, matched on (config name, kernel name), and, for
+records left over on both sides, on (config name, the kernel's spec name) when that pairs them
+one to one: a kernel whose ``--kernel`` path changed between the reports (its module moved) is
+still compared, with a note naming both paths.
 
 A record regresses when its verdict gets worse (pass -> fail/error) or when its error-to-bound
 fraction grows by more than ``rel_increase`` relatively *and* ``min_increase`` absolutely (so
@@ -51,24 +54,56 @@ def diff_records(
             f"rel_increase={rel_increase}, min_increase={min_increase} must be finite and >= 0"
         )
 
-    def keyed(records):
+    def keyed(records: list[dict]) -> dict[tuple[str, str], dict]:
         return {(r["config"]["name"], r["kernel"]["name"]): r for r in records}
 
     before, after = keyed(old), keyed(new)
+    renamed = _renamed(
+        [before[k] for k in before if k not in after], [after[k] for k in after if k not in before]
+    )
     rows = []
     for key in list(before) + [k for k in after if k not in before]:
-        a, b = before.get(key), after.get(key)
+        if key in renamed.values():  # the new side of a renamed pair: listed with its old one
+            continue
+        a = before.get(key)
+        b = after.get(renamed.get(key, key))
         row = {
             "config": key[0],
-            "kernel": key[1],
+            "kernel": key[1] if key not in renamed else f"{key[1]} -> {renamed[key][1]}",
             "old_verdict": a and a["verdict"],
             "new_verdict": b and b["verdict"],
             "old_fraction": a and _fraction(a),
             "new_fraction": b and _fraction(b),
         }
         row["change"], row["why"] = _classify(row, rel_increase, min_increase)
+        if key in renamed:
+            note = f"kernel path renamed, matched by spec name {a['kernel'].get('spec_name')!r}"
+            row["why"] = f"{row['why']}; {note}" if row["why"] else note
         rows.append(row)
     return rows
+
+
+def _renamed(gone: list[dict], appeared: list[dict]) -> dict[tuple[str, str], tuple[str, str]]:
+    """Old (config, kernel) -> new (config, kernel) for records only one side has, paired by
+    (config, spec name) where exactly one record on each side has that pair."""
+
+    def by_spec(records: list[dict]) -> dict[tuple[str, str], list[dict]]:
+        grouped: dict[tuple[str, str], list[dict]] = {}
+        for r in records:
+            spec = r["kernel"].get("spec_name")
+            if spec is not None:
+                grouped.setdefault((r["config"]["name"], spec), []).append(r)
+        return grouped
+
+    old, new = by_spec(gone), by_spec(appeared)
+    return {
+        (olds[0]["config"]["name"], olds[0]["kernel"]["name"]): (
+            news[0]["config"]["name"],
+            news[0]["kernel"]["name"],
+        )
+        for key, olds in old.items()
+        if len(olds) == 1 and len(news := new.get(key, [])) == 1
+    }
 
 
 def _classify(row: dict, rel_increase: float, min_increase: float) -> tuple[str, str]:
@@ -95,7 +130,8 @@ def _classify(row: dict, rel_increase: float, min_increase: float) -> tuple[str,
 
 
 def render_diff(rows: list[dict], old_name: str, new_name: str) -> str:
-    """Markdown: counts, then every changed row (regressions first)."""
+    """Markdown: counts, a note on kernels matched across a renamed path, then every changed
+    row (regressions first)."""
     counts = {
         c: sum(r["change"] == c for r in rows)
         for c in ("regression", "improvement", "added", "removed", "same")
@@ -106,8 +142,12 @@ def render_diff(rows: list[dict], old_name: str, new_name: str) -> str:
         ", ".join(f"{n} {c}" for c, n in counts.items()),
         "",
     ]
+    renamed = sorted({r["kernel"] for r in rows if " -> " in r["kernel"]})
+    if renamed:
+        lines += [f"Kernel path renamed (records matched by spec name): {', '.join(renamed)}", ""]
     changed = sorted(
-        (r for r in rows if r["change"] != "same"), key=lambda r: r["change"] != "regression"
+        (r for r in rows if r["change"] != "same" or " -> " in r["kernel"]),
+        key=lambda r: r["change"] != "regression",
     )
     if changed:
         lines += [
@@ -124,3 +164,8 @@ def render_diff(rows: list[dict], old_name: str, new_name: str) -> str:
     else:
         lines.append("No changes.")
     return "\n".join(lines) + "\n"
+
+
+def failed(rows: list[dict]) -> bool:
+    """Whether the diff should exit nonzero: a regression, or a record that disappeared."""
+    return any(r["change"] in ("regression", "removed") for r in rows)

@@ -21,6 +21,12 @@ from attention_crossval.report.markdown import (
     pair_rows,
     row_cells,
 )
+from attention_crossval.report.summary import (
+    SUMMARY_COLUMNS,
+    error_records,
+    first_line,
+    kernel_rows,
+)
 
 _STYLE = """
 body { font-family: sans-serif; margin: 1.5em; color: #222; }
@@ -90,9 +96,20 @@ def _table(columns, rows, classes=None) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+def _errors(records: list[dict]) -> str:
+    """Each errored record's full message in a details block (empty when none errored)."""
+    blocks = "".join(
+        f"<details><summary>{html.escape(where)}: {html.escape(first_line(message))}</summary>"
+        f"<pre>{html.escape(message)}</pre></details>"
+        for where, message in error_records(records)
+    )
+    return f"<h2>Errors</h2>{blocks}" if blocks else ""
+
+
 def render_html(report: dict) -> str:
     records = report["records"]
     header = "".join(f"<li>{html.escape(line)}</li>" for line in header_lines(report))
+    overview = _table(SUMMARY_COLUMNS, kernel_rows(records))
     summary = _table(COLUMNS, [row_cells(r) for r in records], [r["verdict"] for r in records])
     pairs = _table(PAIR_COLUMNS, [row for r in records for row in pair_rows(r)])
     known = known_rows(records)
@@ -103,8 +120,10 @@ def render_html(report: dict) -> str:
         f"<style>{_STYLE}</style></head><body>"
         "<h1>Attention kernel error report</h1>"
         f"<ul>{header}</ul>"
+        f"<h2>Summary per kernel</h2><div id='summary'>{overview}</div>"
         + "".join(figures(records))
         + f"<h2>Results</h2>{summary}<p class='note'>{html.escape(LEGEND)}</p>{known_section}"
-        f"<details><summary>Every tier pair in full</summary>{pairs}</details>"
+        + _errors(records)
+        + f"<details><summary>Every tier pair in full</summary>{pairs}</details>"
         "</body></html>"
     )

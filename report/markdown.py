@@ -29,7 +29,9 @@ COLUMNS = (
 
 LEGEND = """\
 Columns refer to the primary pair (kernel vs exact; kernel vs streaming when the exact tier was
-not run). Ulps are units of the output dtype at the correctly rounded exact value; err/bound is
+not run). Ulps are units of the output dtype at the correctly rounded exact value, counted
+where the exact value lies farther from zero than its bound (near-zero references have only
+their absolute error against the bound, in err/bound); err/bound is
 the largest |error| / derived bound (docs/numerics.md#error-bound), <= 1 passes. The worst
 element's row is described by its largest scaled score (row max) and the running-max rescales
 the streaming tier made on it with the kernel's tile size. Triage: kernel off from both
@@ -56,8 +58,10 @@ def row_cells(record: dict) -> list[str]:
     """The table cells of one record (shared by the Markdown and HTML tables)."""
     config, kernel = record["config"]["name"], record["kernel"]["name"]
     if record["status"] != "ok" or record.get("primary_pair") not in record["pairs"]:
-        message = (record.get("message") or "").replace("|", "/").replace("\n", " ")  # no forward
-        return [config, kernel, record["verdict"], message[:120]] + [""] * (len(COLUMNS) - 4)
+        from attention_crossval.report.summary import first_line  # no forward pass
+
+        message = first_line(record.get("message"))  # an error's full text: below the table
+        return [config, kernel, record["verdict"], message] + [""] * (len(COLUMNS) - 4)
     pair = record["pairs"][record["primary_pair"]]
     worst = record.get("worst") or {}
     det = record.get("determinism") or {"checked": False}  # optional in the schema: not checked
@@ -165,9 +169,11 @@ def header_lines(report: dict) -> list[str]:
 
 def render_markdown(report: dict) -> str:
     from attention_crossval.report.backward import backward_table
+    from attention_crossval.report.summary import markdown_errors, markdown_summary
 
     lines = ["# Attention kernel error report", ""]
     lines += [f"- {line}" for line in header_lines(report)]
+    lines += ["", *markdown_summary(report["records"])]
     if report["options"].get("passes", "forward") != "backward":
         lines += ["", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
         lines += ["| " + " | ".join(row_cells(r)) + " |" for r in report["records"]]
@@ -179,4 +185,5 @@ def render_markdown(report: dict) -> str:
         lines += ["| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in known]
         lines += [""]
     lines += backward_table(report["records"])
+    lines += markdown_errors(report["records"])
     return "\n".join(lines)

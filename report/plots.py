@@ -21,6 +21,8 @@ from attention_crossval.report.records import as_float  # noqa: E402
 FLOOR = 1e-8  # plotted value for an exact zero error
 WORST_PANELS = 8
 PROFILE_COLUMNS = 64
+LABEL_SIZE = 8  # points: the configs' labels of the strip and the heatmap
+ROW_INCHES = 0.2  # height per labelled line, so labels of LABEL_SIZE do not overlap
 
 
 def _png(figure) -> bytes:
@@ -83,7 +85,7 @@ def histograms(records: list[dict]) -> bytes:
     records = sorted(records, key=lambda r: -_fraction(r))
     edges = np.array(common, dtype=np.float64)
     shares = np.array([_shares(r) for r in records])
-    figure = plt.figure(figsize=(14, max(4.0, 1.2 + 0.13 * len(records))))
+    figure = plt.figure(figsize=(14, max(4.0, 1.2 + ROW_INCHES * len(records))))
     strip = figure.add_axes((0.22, 0.06, 0.3, 0.9))
     shown = strip.imshow(
         np.log10(np.clip(shares, 1e-4, None)),
@@ -94,7 +96,7 @@ def histograms(records: list[dict]) -> bytes:
     )
     strip.axvline(0, color="red", linewidth=1)
     labels = [f"{r['config']['name']} [{r['kernel']['name']}]" for r in records]
-    strip.set_yticks(range(len(records)), labels, fontsize=6)
+    strip.set_yticks(range(len(records)), labels, fontsize=LABEL_SIZE)
     strip.set_xlabel("log10(|error| / bound), worst configs on top")
     figure.colorbar(shown, ax=strip, label="log10(share of elements)", fraction=0.05)
     worst = list(dict.fromkeys(r["config"]["name"] for r in records))[:WORST_PANELS]
@@ -118,8 +120,11 @@ def histograms(records: list[dict]) -> bytes:
 
 
 def _shares(record: dict) -> np.ndarray:
-    """Histogram counts as shares of the non-zero finite errors (empty: all zero)."""
+    """Histogram counts as shares of the non-zero errors, infinite ones (a NaN or inf output)
+    in the last bin with the errors past its edge: a kernel whose every error is non-finite
+    still shows (empty only when every error is zero)."""
     counts = np.array(record["histogram"]["counts"], dtype=float)
+    counts[-1] += record["histogram"].get("infinite", 0)
     return counts / max(counts.sum(), 1.0)
 
 
@@ -154,31 +159,49 @@ def error_vs_sk_and_distribution(records: list[dict]) -> bytes:
 
 
 def row_heatmap(records: list[dict]) -> bytes:
-    """Error/bound over query rows: one line per (config, kernel), rows binned to relative
-    position in the sequence (max over batches and heads), log10 colour scale."""
+    """Error/bound over query rows: one panel per kernel (titled with it), one line per config
+    labelled with the config alone (readable at :data:`LABEL_SIZE` points), rows binned to
+    relative position in the sequence (max over batches and heads), log10 colour scale."""
     records = plottable(records)
-    image = np.full((len(records), PROFILE_COLUMNS), np.nan)
-    for index, record in enumerate(records):
-        values = np.array([[as_float(v) for v in line] for line in record["row_profile"]["values"]])
-        profile = values.max(axis=0) if values.size else np.zeros(1)
-        positions = np.minimum(
-            (np.arange(PROFILE_COLUMNS) * len(profile)) // PROFILE_COLUMNS, len(profile) - 1
+    kernels = _kernels(records)
+    panels = [[r for r in records if r["kernel"]["name"] == kernel] for kernel in kernels]
+    heights = [len(mine) + 2.5 for mine in panels]  # a panel's rows, plus its title and ticks
+    figure, axes = plt.subplots(
+        len(kernels),
+        1,
+        figsize=(10, 0.6 + ROW_INCHES * sum(heights)),
+        gridspec_kw={"height_ratios": heights},
+        squeeze=False,
+    )
+    for axis, kernel, mine in zip(axes[:, 0], kernels, panels, strict=True):
+        shown = axis.imshow(
+            np.array([_row_bins(r) for r in mine]),
+            aspect="auto",
+            cmap="magma",
+            vmin=math.log10(FLOOR),
+            vmax=1,
+            interpolation="nearest",
         )
-        image[index] = profile[positions]
-    with np.errstate(divide="ignore"):
-        image = np.log10(np.clip(np.nan_to_num(image, nan=FLOOR, posinf=1e3), FLOOR, None))
-    figure, axis = plt.subplots(figsize=(10, 1.5 + 0.16 * len(records)))
-    shown = axis.imshow(
-        image, aspect="auto", cmap="magma", vmin=math.log10(FLOOR), vmax=1, interpolation="nearest"
-    )
-    labels = [f"{r['config']['name']} [{r['kernel']['name']}]" for r in records]
-    axis.set_yticks(range(len(records)), labels, fontsize=6)
-    axis.set_xticks(
-        [0, PROFILE_COLUMNS // 2, PROFILE_COLUMNS - 1], ["first row", "middle", "last row"]
-    )
-    figure.colorbar(shown, ax=axis, label="log10(max |error| / bound) in the row bin")
+        axis.set_title(kernel, fontsize=LABEL_SIZE + 1, loc="left")
+        axis.set_yticks(range(len(mine)), [r["config"]["name"] for r in mine], fontsize=LABEL_SIZE)
+        axis.set_xticks(
+            [0, PROFILE_COLUMNS // 2, PROFILE_COLUMNS - 1], ["first row", "middle", "last row"]
+        )
+        figure.colorbar(shown, ax=axis, label="log10(max |error| / bound)", fraction=0.04)
     figure.tight_layout()
     return _png(figure)
+
+
+def _row_bins(record: dict) -> np.ndarray:
+    """A record's row profile resampled to :data:`PROFILE_COLUMNS` bins, as log10 error/bound."""
+    values = np.array([[as_float(v) for v in line] for line in record["row_profile"]["values"]])
+    profile = values.max(axis=0) if values.size else np.zeros(1)
+    positions = np.minimum(
+        (np.arange(PROFILE_COLUMNS) * len(profile)) // PROFILE_COLUMNS, len(profile) - 1
+    )
+    line = np.nan_to_num(profile[positions], nan=FLOOR, posinf=1e3)
+    with np.errstate(divide="ignore"):
+        return np.log10(np.clip(line, FLOOR, None))
 
 
 def kernel_comparison(records: list[dict]) -> bytes | None:

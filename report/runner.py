@@ -139,7 +139,8 @@ def evaluate(
             build_s = 0.0  # the first record paid for the build
         if options.passes != "forward":
             seed = config.fields().get("seed") or 0
-            section = backward_section(case, seed, kernel, options)
+            do = config.fields().get("do_distribution") or "gaussian"
+            section = backward_section(case, seed, kernel, options, do)
             record = clean(with_backward(record, section, forward_ran=forward))
         yield record
     release()  # the case's mapped file, if its inputs were large (kernel.mapped)

@@ -115,7 +115,7 @@ def run_on_gpus(
     for folder, log, child in children:
         code = child.wait()
         log.close()
-        if code not in (0, 1):  # 1: --strict found failures, the shard's report is complete
+        if code not in (0, 1):  # 1: records failed, the shard's report is complete
             tail = (folder / _CHILD_LOG).read_text().strip().splitlines()[-3:]
             failed.append(f"{folder} exit {code}: {' | '.join(tail)}")
     if failed:

@@ -94,7 +94,7 @@ def accuracy(rows: list[str]) -> None:
 
 
 def run_pytest(rows: list[str], *, timeout_s: float) -> None:
-    env = dict(os.environ, HYPOTHESIS_PROFILE="debug")  # 10 examples, verbose
+    env = dict(os.environ, ATTENTION_CROSSVAL_PROFILE="debug")  # 10 examples, verbose
     command = [sys.executable, "-m", "pytest", "properties/test_own_kernels.py", "-m", "gpu"]
     command += ["-q", "-x", "-p", "no:cacheprovider"]
     start = time.perf_counter()

@@ -3,8 +3,8 @@
 Compiles for sm_90a on fake tensors (no GPU) and counts the instructions of every loop that holds
 the overlap's two waits (``WARPGROUP.DEPBAR.LE gsb0, 0x1`` then ``0x0``), by opcode, in three
 parts: before the first wait (the GEMM issue), between the waits (what runs while the PV WGMMA
-may still run), after the second (what runs once it is done). The own kernel's figures in the
-README's SM90 section, and flash_attn.cute's beside them, come from this script::
+may still run), after the second (what runs once it is done). The own kernel's figures in
+docs/results-h200.md, and flash_attn.cute's beside them, come from this script::
 
     python scripts/sm90_sass.py own --head-dim 128              # the adapters' default knobs
     python scripts/sm90_sass.py own --head-dim 64 --causal --knobs overlap,m192

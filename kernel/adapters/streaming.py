@@ -11,6 +11,8 @@ It declares every call option, so they run on CPU in ``pytest -m cpu``: a case w
 goes sequence by sequence through :func:`kernel.call_options.per_sequence`, q from the packed
 rows, K/V through the shuffled, NaN-poisoned page table or the packed rows, each sequence split
 over ``num_splits`` partial results and combined (:func:`reference.splitkv.splitkv_attention`).
+Like a kernel API it refuses lengths that disagree with its tensors
+(:func:`kernel.length_checks.check_lengths`, ``spec.validates_lengths``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from attention_crossval.kernel.call_options import packed_layout, paged_layout, per_sequence
+from attention_crossval.kernel.length_checks import check_lengths
 from attention_crossval.kernel.spec import KernelSpec
 from attention_crossval.reference.case import AttentionCase, AttentionResult, CausalAlignment
 from attention_crossval.reference.gradients import BackwardCase, Gradients
@@ -51,6 +54,7 @@ def _spec() -> KernelSpec:
         paged=True,
         max_splits=16,
         layouts=frozenset({"padded", "packed"}),
+        validates_lengths=True,
     )
 
 
@@ -68,6 +72,7 @@ class StreamingAdapter:
     combine: Callable[[np.ndarray, np.ndarray, np.dtype], tuple] = combine
 
     def __call__(self, case: AttentionCase) -> AttentionResult:
+        check_lengths(case)  # as a kernel API does before it trusts them
         precision = self.spec.precision_for(case.dtype)
         blocks = dict(block_m=self.spec.tile_m, block_n=self.spec.tile_n)
         if not case.call_options:
@@ -92,6 +97,7 @@ class StreamingAdapter:
 
     def backward(self, case: BackwardCase) -> Gradients:
         """The streaming backward, reading the O and LSE of this kernel's own forward."""
+        check_lengths(case.forward)
         return streaming_backward(
             case,
             self.spec.backward_precision_for(case.forward.dtype),

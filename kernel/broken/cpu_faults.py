@@ -7,7 +7,8 @@ Faults in the call (:class:`FaultyAdapter`): ``hang``, ``spin`` (a busy hang), `
 ``factory_hangs``, ``factory_segfaults``, ``factory_exits``, ``factory_raises``, ``bad_spec`` (a
 ``spec`` that is not a KernelSpec); ``kernel.broken.fails_at_import`` fails when imported. And a
 NumPy "kernel" with guard-banded output buffers whose variants mirror the Triton ones
-(``skip_last_row``, ``oob_write``, ``read_padding``, ``empty_nan``).
+(``skip_last_row``, ``oob_write``, ``read_padding``, ``empty_nan``) plus ``empty_finite_lse`` (a
+finite LSE on rows that see no key, where the convention is -inf: caught by ``empty-rows``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from attention_crossval.reference.streaming import streaming_attention
 
 GUARD = 4
 _GUARD_VALUE = -7.0e300  # a value no attention output can hold
+_MASKED_SENTINEL = -1.0e30  # a finite "minus infinity" for masked scores, as kernels often use
 
 
 def _spec(name: str, **overrides: object) -> KernelSpec:
@@ -123,6 +125,8 @@ class GuardedNumpyAdapter:
         outside = np.concatenate([buf[:, :GUARD], buf[:, GUARD + case.Sq :]], axis=1)
         writes = () if (outside == _GUARD_VALUE).all() else ("o: guard band written",)
         lse = result.lse.copy()
+        if self.bug == "empty_finite_lse":  # its finite masked-score sentinel as the LSE
+            lse[lse == -np.inf] = _MASKED_SENTINEL
         lse[..., rows:] = np.nan if prefill == "nan" else 0.0
         return AttentionResult(o=o.copy(), lse=lse), writes
 
@@ -200,3 +204,7 @@ def flaky() -> FaultyAdapter:
 
 def guarded() -> GuardedNumpyAdapter:
     return GuardedNumpyAdapter()
+
+
+def empty_finite_lse() -> GuardedNumpyAdapter:
+    return GuardedNumpyAdapter("empty_finite_lse")

@@ -4,12 +4,15 @@
 offset overruns need sequences on both sides of an empty one), optionally as a decode batch of
 one query per sequence. :func:`long_decode_cases` draws few queries (<= 16) over many keys (from
 ``min_keys`` up to the kernel's ``max_seqlen``) with GQA where the kernel has it: the split-KV
-decode path. Both build q, k, v with a score distribution's builder.
+decode path. Both build q, k, v with a score distribution's builder (by default one of
+:data:`PLAIN`; a sweep hands its own), and take ``causal`` True to force the causal mask (a
+sweep that requires it; False: never).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 
 import numpy as np
 from hypothesis import event
@@ -26,14 +29,19 @@ from attention_crossval.properties._strategies.shapes import (
 from attention_crossval.reference.case import AttentionCase, Mask
 from attention_crossval.reference.precision import cast_input
 
-_PLAIN = ("gaussian", "ramp", "near_ties", "large_v")  # builders that need no key padding
+PLAIN = ("gaussian", "ramp", "near_ties", "large_v")  # builders that need no key padding
 
 
 def _build(
-    draw: st.DrawFn, spec: KernelSpec, shape: Shape, mask: Mask, label: str
+    draw: st.DrawFn,
+    spec: KernelSpec,
+    shape: Shape,
+    mask: Mask,
+    label: str,
+    distributions: tuple[str, ...],
 ) -> AttentionCase:
-    """q, k, v from a drawn plain distribution, dtype and seed."""
-    dist = DISTRIBUTIONS[draw(st.sampled_from(_PLAIN))]
+    """q, k, v from a drawn distribution of ``distributions``, dtype and seed."""
+    dist = DISTRIBUTIONS[draw(st.sampled_from(distributions))]
     dtype = draw(st.sampled_from(sorted(spec.dtypes)))
     ctx = BuildContext(
         rng=np.random.default_rng(draw(st.integers(0, 2**32 - 1))),
@@ -44,8 +52,31 @@ def _build(
         tile_n=spec.tile_n,
         noise=draw(st.sampled_from([0.0, 0.25, 1.0])),
     )
-    q, k, v = (cast_input(a, dtype) for a in dist.build(ctx))
+    with np.errstate(all="ignore"):  # rounding huge/non-finite padding to 16 bits is intended
+        q, k, v = (cast_input(a, dtype) for a in dist.build(ctx))
     return AttentionCase(q, k, v, mask=mask, label=f"dist={dist.name} dtype={dtype} {label}")
+
+
+def _causal(draw: st.DrawFn, spec: KernelSpec, causal: bool | None) -> bool:
+    """The causal flag: ``causal`` where given (True / False), else drawn where the spec
+    declares it."""
+    if causal is not None:
+        return causal
+    return "causal" in spec.mask_kinds and draw(st.booleans())
+
+
+def _check_options(
+    spec: KernelSpec, distributions: Collection[str], causal: bool | None, padded: bool
+) -> tuple[str, ...]:
+    """``distributions`` as a tuple, ValueError unless they are known score distributions
+    (needing key padding only where ``padded``) and ``causal`` is declared when forced."""
+    names = tuple(distributions)
+    allowed = [n for n, d in DISTRIBUTIONS.items() if padded or not d.needs_key_padding]
+    if not names or not set(names) <= set(allowed):
+        raise ValueError(f"distributions={list(names)} must be a non-empty subset of {allowed}")
+    if causal and "causal" not in spec.mask_kinds:
+        raise ValueError(f"causal=True needs 'causal' in spec.mask_kinds={sorted(spec.mask_kinds)}")
+    return names
 
 
 def _head_dims(draw: st.DrawFn, spec: KernelSpec, max_head_dim: int) -> tuple[int, int]:
@@ -63,6 +94,8 @@ def _varlen_batches(
     max_len: int,
     decode: bool | None,
     max_head_dim: int,
+    distributions: tuple[str, ...],
+    causal: bool | None,
 ) -> AttentionCase:
     B = draw(st.integers(min_batch, max_batch))
     lengths = tile_aware_lengths(tile=spec.tile_n, max_len=max_len, min_len=0)
@@ -76,10 +109,12 @@ def _varlen_batches(
     Hq, Hkv = draw(head_counts(gqa=spec.gqa, max_heads=4))
     D, Dv = _head_dims(draw, spec, max_head_dim)
     shape = Shape(B, max(1, max(q_lengths)), max(1, max(k_lengths)), Hq, Hkv, D, Dv)
-    causal = "causal" in spec.mask_kinds and draw(st.booleans())
-    mask = Mask(causal=causal, q_lengths=tuple(q_lengths), k_lengths=tuple(k_lengths))
+    mask = Mask(
+        causal=_causal(draw, spec, causal), q_lengths=tuple(q_lengths), k_lengths=tuple(k_lengths)
+    )
     event(f"varlen batch: B={B}{' decode' if is_decode else ''}")
-    return _build(draw, spec, shape, mask, f"varlen_batch=B{B}{'-decode' if is_decode else ''}")
+    label = f"varlen_batch=B{B}{'-decode' if is_decode else ''}"
+    return _build(draw, spec, shape, mask, label, distributions)
 
 
 def varlen_batches(
@@ -90,11 +125,15 @@ def varlen_batches(
     max_len: int | None = None,
     decode: bool | None = None,
     max_head_dim: int = 64,
+    distributions: Collection[str] = PLAIN,
+    causal: bool | None = None,
 ) -> st.SearchStrategy[AttentionCase]:
     """Varlen cases of ``min_batch``..``max_batch`` sequences (``spec`` must declare varlen),
     one with no keys; ``decode`` True/False forces one query per sequence or not (None: both).
     Lengths are tile-aware up to ``max_len`` (default ``4 * spec.tile_n + 1``); D is at most
-    ``max_head_dim`` where the spec allows."""
+    ``max_head_dim`` where the spec allows; scores from ``distributions`` (any score
+    distribution: the batch has padding); ``causal`` True / False forces the causal mask on or
+    off (None: drawn)."""
     if not isinstance(spec, KernelSpec) or "varlen" not in spec.mask_kinds:
         raise ValueError(f"spec must be a KernelSpec declaring 'varlen', got {spec!r:.80}")
     if not (isinstance(min_batch, int) and isinstance(max_batch, int) and 1 <= min_batch):
@@ -104,7 +143,10 @@ def varlen_batches(
     max_len = min(4 * spec.tile_n + 1, spec.max_seqlen) if max_len is None else max_len
     if not (isinstance(max_len, int) and 1 <= max_len <= spec.max_seqlen):
         raise ValueError(f"max_len={max_len!r} must be an int in [1, spec.max_seqlen]")
-    return _varlen_batches(spec, min_batch, max_batch, max_len, decode, max_head_dim)
+    names = _check_options(spec, distributions, causal, padded=True)
+    return _varlen_batches(
+        spec, min_batch, max_batch, max_len, decode, max_head_dim, names, causal
+    )  # fmt: skip
 
 
 @st.composite
@@ -116,6 +158,8 @@ def _long_decode(
     max_head_dim: int,
     max_queries: int,
     max_heads: int,
+    distributions: tuple[str, ...],
+    causal: bool | None,
 ) -> AttentionCase:
     Sq = draw(st.sampled_from([n for n in (1, 1, 2, 16) if n <= max_queries]))
     keys = {min_keys, min_keys + 1, max_keys, (min_keys + max_keys) // 2}
@@ -124,10 +168,10 @@ def _long_decode(
     pairs = pairs or [(2, 2)]
     Hq, Hkv = draw(st.sampled_from(pairs))
     D, Dv = _head_dims(draw, spec, max_head_dim)
-    causal = "causal" in spec.mask_kinds and draw(st.booleans())
+    mask = Mask(causal=_causal(draw, spec, causal))
     shape = Shape(1, Sq, Sk, Hq, Hkv, D, Dv)
     event(f"long decode: Sq={Sq} Sk={Sk} Hq/Hkv={Hq // Hkv}")
-    return _build(draw, spec, shape, Mask(causal=causal), f"long_decode=q{Sq}-k{Sk}")
+    return _build(draw, spec, shape, mask, f"long_decode=q{Sq}-k{Sk}", distributions)
 
 
 def long_decode_cases(
@@ -138,11 +182,14 @@ def long_decode_cases(
     max_head_dim: int = 64,
     max_queries: int = 16,
     max_heads: int = 8,
+    distributions: Collection[str] = PLAIN,
+    causal: bool | None = None,
 ) -> st.SearchStrategy[AttentionCase]:
     """One batch of Sq in {1, 2, 16} queries (at most ``max_queries``) over
     ``min_keys``..``max_keys`` keys (default up to ``spec.max_seqlen``, at least 16k where it
     allows), GQA ratios 2 and 4 where declared (at most ``max_heads`` query heads), D at most
-    ``max_head_dim`` where the spec allows. The cost grows with the keys only."""
+    ``max_head_dim`` where the spec allows; scores from ``distributions`` (none that needs key
+    padding), ``causal`` as for :func:`varlen_batches`. The cost grows with the keys only."""
     max_keys = min(spec.max_seqlen, max(16384, min_keys)) if max_keys is None else max_keys
     if not (isinstance(min_keys, int) and 1 <= min_keys <= max_keys <= spec.max_seqlen):
         raise ValueError(
@@ -151,4 +198,7 @@ def long_decode_cases(
     for name, value in (("max_queries", max_queries), ("max_heads", max_heads)):
         if not isinstance(value, int) or value < 2:
             raise ValueError(f"{name}={value!r} must be an int >= 2")
-    return _long_decode(spec, min_keys, max_keys, max_head_dim, max_queries, max_heads)
+    names = _check_options(spec, distributions, causal, padded=False)
+    return _long_decode(
+        spec, min_keys, max_keys, max_head_dim, max_queries, max_heads, names, causal
+    )  # fmt: skip

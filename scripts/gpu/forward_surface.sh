@@ -12,7 +12,7 @@
 set -u
 OUT="${OUT:-/tmp/surface2-out}"
 mkdir -p "$OUT"
-export HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE:-triage}"
+export ATTENTION_CROSSVAL_PROFILE="${ATTENTION_CROSSVAL_PROFILE:-triage}"
 SEED="${SEED:-1}"
 # -rA: every outcome in the short summary; classic console output: one line per test as it
 # finishes, so a killed step still shows what passed before the kill; faulthandler: a test
