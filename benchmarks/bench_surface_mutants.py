@@ -1,12 +1,21 @@
-"""How fast the softcap and sink mutants are caught, over several Hypothesis seeds.
+"""How fast the surface mutants are caught, over several Hypothesis seeds.
 
 Run from the repository root: ``OPENBLAS_NUM_THREADS=1 python -m benchmarks.bench_surface_mutants
---seeds 12``. Each mutant of ``properties/mutants_surface.py`` that the float64 agreement property
-hunts (softcap, sinks) is hunted with ``surface_reference_cases`` restricted to its surfaces,
-25 examples (the dev profile's budget), no shrinking, no example database, one run per seed
-(``random.seed``, from which Hypothesis draws a run's seed when not derandomized); the
-unmutated tier is hunted the same way on every surface. Prints a Markdown table: examples to
-the first catch per seed ("-" = survived), and the seconds over all seeds.
+--seeds 10`` (``--first-seed`` picks another range of seeds). Two tables (``--part
+reference|kernel|both``, default both):
+
+* reference: each mutant of ``properties/mutants_surface.py`` that the float64 agreement
+  property hunts (softcap, sinks) is hunted with ``surface_reference_cases`` restricted to its
+  surfaces, 25 examples (the dev profile's budget); the unmutated tier on every surface;
+* kernel: each split-KV and paged mutant inside the CPU ``streaming-fa`` kernel
+  (``surface_mutant_kernel``) against the default kernel suite's free test as CI runs it: the
+  ``ci`` profile, its cap for a CPU kernel (``properties/test_kernels.py``), cases from
+  ``attention_cases(spec=...)`` with every declared feature, seeded as a run with seed ``s``
+  seeds ``streaming-fa`` (``derived_seed``); the unmutated kernel as the control row.
+
+No shrinking, no example database, one run per seed (the reference table seeds through
+``random.seed``, from which Hypothesis draws a run's seed when not derandomized). Cells:
+examples to the first catch per seed ("-" = survived), and the seconds over all seeds.
 """
 
 from __future__ import annotations
@@ -24,12 +33,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hypothesis import Phase, settings  # noqa: E402
 
-from attention_crossval.properties.mutants import hunt  # noqa: E402
+from attention_crossval.kernel.adapters.streaming import StreamingAdapter  # noqa: E402
+from attention_crossval.properties.mutants import HuntResult, hunt  # noqa: E402
 from attention_crossval.properties.mutants_surface import (  # noqa: E402
+    KERNEL_MUTANTS,
     SURFACE_SPEC,
+    InProcessKernel,
+    hunt_kernel,
     load_surface_mutant,
+    surface_mutant_kernel,
     surface_reference_cases,
 )
+from attention_crossval.properties.strategies import attention_cases  # noqa: E402
+from attention_crossval.properties.test_kernels import _max_len, _settings_for  # noqa: E402
+from attention_crossval.pytest_plugin import derived_seed  # noqa: E402
 from attention_crossval.reference import streaming as reference_streaming  # noqa: E402
 
 NO_SHRINK = (Phase.explicit, Phase.reuse, Phase.generate, Phase.target)
@@ -43,11 +60,13 @@ HUNTED = {
 }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, default=12)
-    args = parser.parse_args()
-    print(f"machine: {platform.machine()} {os.cpu_count()} CPUs, {platform.python_version()}")
+def _row(name: str, results: list[HuntResult], seconds: float) -> str:
+    counts = [str(r.examples) if r.caught else "-" for r in results]
+    caught = sum(r.caught for r in results)
+    return f"| {name} | {' '.join(counts)} | {caught}/{len(results)} | {seconds:.1f} |"
+
+
+def reference_table(seeds: range) -> None:
     print("\n| mutant | examples to catch, per seed | caught | seconds |\n|---|---|---|---|")
     for name, surfaces in HUNTED.items():
         attention = (
@@ -55,21 +74,55 @@ def main() -> None:
             if surfaces is None
             else load_surface_mutant(name).streaming_attention
         )
-        counts, start = [], time.perf_counter()
-        for s in range(args.seeds):
+        results, start = [], time.perf_counter()
+        for s in seeds:
             chosen = settings(max_examples=25, database=None, phases=NO_SHRINK, deadline=None)
             random.seed(s)  # Hypothesis draws its run's seed from the global generator
-            result = hunt(
-                attention,
-                surface_reference_cases(surfaces),
-                block_m=SURFACE_SPEC.tile_m,
-                block_n=SURFACE_SPEC.tile_n,
-                hypothesis_settings=chosen,
+            results.append(
+                hunt(
+                    attention,
+                    surface_reference_cases(surfaces),
+                    block_m=SURFACE_SPEC.tile_m,
+                    block_n=SURFACE_SPEC.tile_n,
+                    hypothesis_settings=chosen,
+                )
             )
-            counts.append(str(result.examples) if result.caught else "-")
-        caught = sum(c != "-" for c in counts)
-        seconds = time.perf_counter() - start
-        print(f"| {name} | {' '.join(counts)} | {caught}/{args.seeds} | {seconds:.1f} |")
+        print(_row(name, results, time.perf_counter() - start))
+
+
+def kernel_table(seeds: range) -> None:
+    settings.load_profile("ci")
+    control = StreamingAdapter()
+    spec = control.spec
+    chosen = settings(_settings_for(spec), phases=NO_SHRINK)
+    strategy = attention_cases(spec=spec, max_len=_max_len(spec))
+    print(
+        f"\nkernel suite: {spec.name}, ci profile, {chosen.max_examples} examples, "
+        f"max_len {_max_len(spec)}"
+    )
+    print("\n| mutant | examples to catch, per seed | caught | seconds |\n|---|---|---|---|")
+    kernels = {"(unmutated streaming-fa)": InProcessKernel(control)}
+    kernels.update({name: InProcessKernel(surface_mutant_kernel(name)) for name in KERNEL_MUTANTS})
+    for name, adapter in kernels.items():
+        results, start = [], time.perf_counter()
+        for s in seeds:
+            seed = derived_seed(s, spec.name)
+            results.append(hunt_kernel(adapter, strategy, chosen, seed=seed))
+        print(_row(name, results, time.perf_counter() - start), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=10)
+    parser.add_argument("--first-seed", type=int, default=0, help="the first of the seeds")
+    parser.add_argument("--part", choices=("reference", "kernel", "both"), default="both")
+    args = parser.parse_args()
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
+    print(f"machine: {platform.machine()} {os.cpu_count()} CPUs, {platform.python_version()}")
+    if args.part in ("reference", "both"):
+        reference_table(seeds)
+    if args.part in ("kernel", "both"):
+        kernel_table(seeds)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from attention_crossval.kernel.known_findings import surface_features
 from attention_crossval.kernel.spec import KernelSpec
 from attention_crossval.properties._strategies.hidden import hidden_key_cases, masked_hidden_keys
 from attention_crossval.properties._strategies.paged import with_pages
-from attention_crossval.properties._strategies.splits import split_choices, with_splits
+from attention_crossval.properties._strategies.splits import draw_num_splits, with_splits
 from attention_crossval.properties._strategies.surface import SURFACES, declared_features
 from attention_crossval.reference.case import AttentionCase
 
@@ -98,12 +98,38 @@ def long_decode_options(spec: KernelSpec) -> dict[str, int]:
     return {"max_head_dim": 64}
 
 
-def _on(draw: st.DrawFn, name: str, allowed: tuple[str, ...], required: frozenset[str]) -> bool:
-    """Whether to add feature ``name``: always when required, else one time in four (shrinks
-    to off) when allowed."""
+def _on(
+    draw: st.DrawFn,
+    name: str,
+    allowed: tuple[str, ...],
+    required: frozenset[str],
+    chance: tuple[int, int] = (1, 4),
+) -> bool:
+    """Whether to add feature ``name``: always when required, else with ``chance`` = (hits,
+    out of) when allowed. Hypothesis draws (and shrinks to) the integer 0 more often than one
+    time in ``out of``, so 0 stands for the likelier side: off up to one in two, on above."""
     if name in required:
         return True
-    return name in allowed and draw(st.integers(0, 3)) == 3
+    hits, out_of = chance
+    if name not in allowed:
+        return False
+    value = draw(st.integers(0, out_of - 1))
+    return value < hits if 2 * hits > out_of else value >= out_of - hits
+
+
+def _chance(name: str, case: AttentionCase, tile_n: int, splits: bool) -> tuple[int, int]:
+    """How often optional feature ``name`` is drawn. Split-KV seven cases in eight on GQA with
+    several kv heads (the split path must map heads as the plain loop does), three in four over
+    two K blocks or more (a split then has keys of its own), else one in two; a sink three in
+    four next to splits (counted once per row, not per split); a page table one in two (call
+    options leave the case's values alone); the rest one in four."""
+    if name == "splits":
+        if 1 < case.Hkv < case.Hq:
+            return (7, 8)
+        return (3, 4) if max(case.k_length(b) for b in range(case.B)) > tile_n else (1, 2)
+    if name == "paged":
+        return (1, 2)
+    return (1, 2) if name == "sink" and splits else (1, 4)
 
 
 def add_features(
@@ -113,11 +139,17 @@ def add_features(
     allowed: tuple[str, ...],
     required: frozenset[str],
 ) -> AttentionCase:
-    """``case`` with the layered features drawn: hidden keys first (they change the mask), then
-    a softcap or sink surface on the final mask, then the call options."""
-    if _on(draw, "hidden", allowed, required):
+    """``case`` with the layered features drawn: hidden keys first (they change the mask),
+    whether to split, then a softcap or sink surface on the final mask, then the call options
+    (how often: :func:`_chance`)."""
+
+    def on(name: str, splits: bool = False) -> bool:
+        return _on(draw, name, allowed, required, _chance(name, case, spec.tile_n, splits))
+
+    if on("hidden"):
         case = draw(hidden_key_cases(st.just(case), spec=spec, poison=False))
-    flags = {f for f in ("softcap", "sink") if _on(draw, f, allowed, required)}
+    splits = on("splits")
+    flags = {f for f in ("softcap", "sink") if on(f, splits)}
     if flags:
         names = [
             n
@@ -132,11 +164,11 @@ def add_features(
             case = surface.build(draw, case)
         event(f"surface: {surface.name}")
         case = dataclasses.replace(case, label=f"{case.label} surface={surface.name}")
-    if _on(draw, "paged", allowed, required):
+    if on("paged"):
         case = with_pages(draw, case, spec.tile_n)
-    if _on(draw, "splits", allowed, required):
-        choices = [n for n in split_choices(case, spec.tile_n, spec.max_splits) if n > 1]
-        case = with_splits(case, draw(st.sampled_from(choices)), spec.tile_n)
-    if _on(draw, "packed", allowed, required):
+    if splits:
+        num_splits = draw_num_splits(draw, case, spec.tile_n, spec.max_splits)
+        case = with_splits(case, num_splits, spec.tile_n)
+    if on("packed"):
         case = dataclasses.replace(case, layout="packed", label=f"{case.label} layout=packed")
     return case

@@ -1,10 +1,12 @@
 """Paged-KV layouts for drawn cases: page sizes that do not divide the kernel's tile, partly
-filled last pages, zero-length sequences (from the base strategy's varlen masks), and
-sequences that share a prefix, so their full pages are shared in the page table."""
+filled last pages, zero-length sequences (from the base strategy's varlen masks), sequences
+that share a prefix, so their full pages are shared in the page table, and (mostly) page sizes
+that every sequence fills to its last slot."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 from hypothesis import event
@@ -27,13 +29,26 @@ def page_sizes(tile_n: int) -> list[int]:
     return sorted({1, 3, tile_n // 2 + 1, tile_n - 1, tile_n, tile_n + 1, 2 * tile_n + 1} - {0})
 
 
+def filling_page_sizes(case: AttentionCase) -> list[int]:
+    """Page sizes that divide every non-empty sequence's key count, below the longest one: each
+    sequence fills its last page to the last slot, and the longest fills its table row over
+    two pages or more (a lookup of the last page one entry late leaves the row)."""
+    lengths = [case.k_length(b) for b in range(case.B)]
+    common = math.gcd(*lengths)
+    return [p for p in range(1, common + 1) if common % p == 0 and p < max(lengths)]
+
+
 def with_pages(draw: st.DrawFn, case: AttentionCase, tile_n: int) -> AttentionCase:
-    """``case`` with a drawn ``page_size`` (in its label); batches 0 and 1 sometimes share
-    their common whole pages."""
-    page_size = draw(st.sampled_from(page_sizes(tile_n)))
+    """``case`` with a drawn ``page_size`` (in its label): three times in four (and shrinking
+    to it) one that every sequence fills (:func:`filling_page_sizes`, where one exists), else
+    one of :func:`page_sizes`; batches 0 and 1 sometimes share their common whole pages."""
+    filling = filling_page_sizes(case)
+    sizes = filling if filling and draw(st.integers(0, 3)) < 3 else page_sizes(tile_n)
+    page_size = draw(st.sampled_from(sizes))
     if case.B >= 2 and draw(st.booleans()):
         case = _share_prefix(case, page_size)
     event(f"page_size vs tile: {'divides' if tile_n % page_size == 0 else 'does not divide'}")
+    event(f"pages filled to the last slot: {'yes' if page_size in filling else 'no'}")
     label = f"{case.label} page_size={page_size}".strip()
     return dataclasses.replace(case, page_size=page_size, label=label)
 

@@ -6,6 +6,7 @@ Lengths are drawn around the kernel's own tiles (``k * tile + {-1, 0, +1}``, hal
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection
 from dataclasses import dataclass
 
@@ -85,16 +86,23 @@ def tile_aware_lengths(*, tile: int, max_len: int, min_len: int = 0) -> st.Searc
 
 
 def head_counts(*, gqa: bool, max_heads: int = 4) -> st.SearchStrategy[tuple[int, int]]:
-    """``(Hq, Hkv)``: MHA (Hq == Hkv), and with ``gqa`` also GQA (1 < Hq/Hkv < Hq) and MQA
-    (Hkv == 1 < Hq). Bug class: query head h reading the wrong kv head. Shrinks to (1, 1)."""
+    """``(Hq, Hkv)``: MHA (Hq == Hkv), and with ``gqa`` also GQA (1 < Hkv < Hq) and MQA
+    (Hkv == 1 < Hq). The layout is drawn first, GQA with several kv heads twice as often as
+    each other one: only there do ``h // (Hq / Hkv)``, ``h % Hkv``, ``h`` and 0 all differ.
+    Bug class: query head h reading the wrong kv head. Shrinks to (1, 1)."""
     if isinstance(max_heads, bool) or not isinstance(max_heads, int) or max_heads < 1:
         raise ValueError(f"max_heads={max_heads!r} must be an int >= 1")
-    pairs = [(h, h) for h in range(1, max_heads + 1)]
+    grouped = [(hq, hkv) for hq in range(2, max_heads + 1) for hkv in range(1, hq) if hq % hkv == 0]
+    several = [pair for pair in grouped if pair[1] > 1]
+    layouts = [[(h, h) for h in range(1, max_heads + 1)]]
     if gqa:
-        pairs += [
-            (hq, hkv) for hq in range(2, max_heads + 1) for hkv in range(1, hq) if hq % hkv == 0
-        ]
-    return st.sampled_from(pairs)
+        layouts += [several, several, [pair for pair in grouped if pair[1] == 1]]
+    layouts = [pairs for pairs in layouts if pairs]
+    # Two plain integers, not a flatmap, so each shrinks on its own (towards (1, 1)).
+    within = st.integers(0, math.lcm(*(len(pairs) for pairs in layouts)) - 1)
+    return st.tuples(st.integers(0, len(layouts) - 1), within).map(
+        lambda drawn: layouts[drawn[0]][drawn[1] % len(layouts[drawn[0]])]
+    )
 
 
 def draw_value_dim(draw: st.DrawFn, spec: KernelSpec, D: int) -> int:

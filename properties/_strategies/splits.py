@@ -4,7 +4,8 @@
 next to each case, sets it and records it in the label (``num_splits=<n>``). Choices cluster
 where split-KV breaks: one split (the plain loop), one split per K block or one fewer
 (boundaries on every tile edge; the base strategy's lengths sit at ``k * tile +- 1``, so just
-off them too), and more splits than blocks (trailing splits see no key: partial LSE = -inf).
+off them too), more splits than blocks (trailing splits see no key: partial LSE = -inf), and
+in the default strategy (:func:`draw_num_splits`) counts that divide a sequence's blocks evenly.
 """
 
 from __future__ import annotations
@@ -27,6 +28,19 @@ def split_choices(case: AttentionCase, tile_n: int, max_splits: int) -> list[int
     blocks = -(-max(case.k_length(b) for b in range(case.B)) // tile_n)
     choices = {1, 2, blocks - 1, blocks, blocks + 1, 2 * blocks + 1}
     return sorted(n for n in choices if 1 <= n <= max_splits)
+
+
+def draw_num_splits(draw: st.DrawFn, case: AttentionCase, tile_n: int, max_splits: int) -> int:
+    """A count above 1: three times in four (and shrinking to it) one that divides a sequence's
+    K block count evenly with a block or more per split (the last split's chunk then ends the
+    row exactly: a remainder of 0 must not mean an empty chunk), when there is one; else one of
+    :func:`split_choices` (more splits than blocks among them)."""
+    choices = [n for n in split_choices(case, tile_n, max_splits) if n > 1]
+    blocks = {-(-case.k_length(b) // tile_n) for b in range(case.B)}
+    even = [n for n in range(2, max_splits + 1) if any(k >= n and k % n == 0 for k in blocks)]
+    if even and draw(st.integers(0, 7)) < 7:
+        return draw(st.sampled_from(even))
+    return draw(st.sampled_from(choices))
 
 
 def with_splits(case: AttentionCase, num_splits: int, tile_n: int) -> AttentionCase:
