@@ -17,14 +17,10 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import argparse  # noqa: E402
 import functools  # noqa: E402
 import platform  # noqa: E402
-import sys  # noqa: E402
 import time  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import mpmath  # noqa: E402
 import numpy as np  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from attention_crossval.reference.case import INPUT_DTYPES, AttentionCase, Mask  # noqa: E402
 from attention_crossval.reference.exact import exact_attention, naive_exact_attention, sample_rows  # noqa: E402

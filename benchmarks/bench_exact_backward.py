@@ -17,12 +17,8 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import argparse  # noqa: E402
 import functools  # noqa: E402
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from attention_crossval.reference.case import INPUT_DTYPES  # noqa: E402
 from attention_crossval.reference.exact import sample_rows  # noqa: E402

@@ -15,14 +15,10 @@ import argparse
 import dataclasses
 import os
 import pickle
-import sys
 import time
 import tracemalloc
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from attention_crossval.kernel import mapped  # noqa: E402
 from attention_crossval.kernel.harness import fill_padding  # noqa: E402

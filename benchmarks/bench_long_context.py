@@ -21,12 +21,8 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import argparse  # noqa: E402
 import platform  # noqa: E402
 import statistics  # noqa: E402
-import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from attention_crossval.kernel.isolation import IsolatedKernel  # noqa: E402
 from attention_crossval.kernel.registry import resolve  # noqa: E402

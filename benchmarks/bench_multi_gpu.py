@@ -33,7 +33,6 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from attention_crossval.report.shard import parse_gpus  # noqa: E402
 

@@ -22,10 +22,8 @@ import argparse
 import os
 import platform
 import sys
-from pathlib import Path
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy (docs/numerics.md#small-gemms)
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hypothesis import Phase, settings  # noqa: E402
 

@@ -28,10 +28,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from attention_crossval.kernel.adapters.own_sm90 import DEFAULT_KNOBS  # noqa: E402
 from benchmarks.machine import cpu_model  # noqa: E402

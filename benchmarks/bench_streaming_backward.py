@@ -13,11 +13,8 @@ holds, so what is left is accumulators and tile temporaries.
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy (docs/numerics.md#small-gemms)
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import argparse  # noqa: E402
 import time  # noqa: E402

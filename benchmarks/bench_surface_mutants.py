@@ -24,12 +24,9 @@ import argparse
 import os
 import platform
 import random
-import sys
 import time
-from pathlib import Path
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hypothesis import Phase, settings  # noqa: E402
 

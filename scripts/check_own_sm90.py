@@ -34,7 +34,6 @@ from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from benchmarks.timing import tflops  # noqa: E402
 
@@ -95,7 +94,14 @@ def accuracy(rows: list[str]) -> None:
 
 def run_pytest(rows: list[str], *, timeout_s: float) -> None:
     env = dict(os.environ, ATTENTION_CROSSVAL_PROFILE="debug")  # 10 examples, verbose
-    command = [sys.executable, "-m", "pytest", "properties/test_own_kernels.py", "-m", "gpu"]
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "src/attention_crossval/properties/test_own_kernels.py",
+        "-m",
+        "gpu",
+    ]
     command += ["-q", "-x", "-p", "no:cacheprovider"]
     start = time.perf_counter()
     try:

@@ -25,12 +25,9 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 PARTS = ("before wait 1", "between waits", "after wait 0")
 OPCODES = ("HGMMA", "MUFU", "FMNMX", "FADD", "FFMA", "FMUL", "FSEL", "F2FP", "SHFL", "BAR", "SYNCS")

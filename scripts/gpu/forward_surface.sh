@@ -5,7 +5,7 @@
 # compile per feature variant and the exact tier take 20-40 s). The `triage` profile reports
 # each failure as drawn, unshrunk (a shrink step is a kernel call, often a new compile), and no
 # -x, so one run lists every failing feature. Run from the repository root after
-#   export PYTHONPATH=$PWD:$PYTHONPATH
+#   export PYTHONPATH=$PWD/src:$PWD:$PYTHONPATH
 # with CuTe DSL and flash_attn.cute importable (installed, or from wheels: docs/gpu.md#devkit).
 # Logs, a JUnit XML per step and the failing cases go to $OUT (default /tmp/surface2-out), and
 # all of it into $OUT/surface.tar.gz; a summary table is printed last. Timeouts add up to 470 s.
@@ -35,13 +35,13 @@ step() {  # step NAME TIMEOUT_S command...
 
 features() {  # features KERNEL TIMEOUT_S: every declared feature of KERNEL, one process
   step "$1-features" "$2" "${PYTEST[@]}" --junitxml="$OUT/$1-features.xml" \
-    properties/test_kernels.py -m gpu --kernel "$1" -k test_kernel_feature_passes_every_check
+    src/attention_crossval/properties/test_kernels.py -m gpu --kernel "$1" -k test_kernel_feature_passes_every_check
 }
 
 # The known findings: each a strict xfail on its trigger case; an XPASS (strict) failure means
 # the trigger no longer shows it (fixed upstream, or a trigger that misses the finding).
 step known-strict 120 "${PYTEST[@]}" --junitxml="$OUT/known-strict.xml" \
-  properties/test_known_strict.py -m gpu --kernel flash-attn-cute --kernel flex-attention
+  src/attention_crossval/properties/test_known_strict.py -m gpu --kernel flash-attn-cute --kernel flex-attention
 features flash-attn-cute 200
 features flex-attention 150
 

@@ -13,7 +13,7 @@
 #                not finish in 150 s on 2026-12-01)
 #   bench        benchmarks/bench_long_context.py, per-phase cost against S (300 s)
 # Run from the repository root after
-#   export PYTHONPATH=$PWD:$PYTHONPATH
+#   export PYTHONPATH=$PWD/src:$PWD:$PYTHONPATH
 # with CuTe DSL and flash_attn.cute importable (installed, or from wheels: docs/gpu.md#devkit).
 # One pytest invocation per step, each under `timeout`, printing as it goes (-s), logs in $OUT
 # (default /tmp/long2-out); a summary table last.
@@ -43,11 +43,11 @@ python3 -c 'import torch, triton; print(\"torch\", torch.__version__, torch.cuda
 python3 -c 'import flash_attn.cute; print(\"flash_attn.cute ok\")'
 nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader
 free -g | head -2; df -h /dev/shm /tmp | tail -2; nproc" ;;
-    triton-late) step triton-late 90 "${PYTEST[@]}" properties/test_long_context_gpu.py \
+    triton-late) step triton-late 90 "${PYTEST[@]}" src/attention_crossval/properties/test_long_context_gpu.py \
       -k triton_late_rescale ;;
-    targets) step targets 240 "${PYTEST[@]}" properties/test_long_context_gpu.py \
+    targets) step targets 240 "${PYTEST[@]}" src/attention_crossval/properties/test_long_context_gpu.py \
       -k flash_attn_cute_at_long_context ;;
-    huge) step huge 420 "${PYTEST[@]}" properties/test_long_context_gpu.py -k above_2_31 ;;
+    huge) step huge 420 "${PYTEST[@]}" src/attention_crossval/properties/test_long_context_gpu.py -k above_2_31 ;;
     bench) step bench 300 python3 benchmarks/bench_long_context.py ;;
     *) echo "unknown step $name (env, triton-late, targets, huge, bench)"; exit 2 ;;
   esac

@@ -1,7 +1,7 @@
 #!/bin/bash
 # own-sm90-full (GQA, varlen, windows) on an H200 (first run 2026-12-01, without knobs: passed);
 # from the repository root, after
-#   export PYTHONPATH=$PWD:$PYTHONPATH
+#   export PYTHONPATH=$PWD/src:$PWD:$PYTHONPATH
 # with CuTe DSL and flash_attn.cute importable (installed, or from wheels: docs/gpu.md#devkit).
 # 1. the kernel suite for own-sm90-full (timeout 240 s);
 # 2. the targeted SM90 cases: own-sm90's six (its PTX changed by a few instructions) and
@@ -31,9 +31,9 @@ run() {  # run NAME LIMIT_S COMMAND...: log to $OUT/NAME.log, one summary line
 
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/gpu.txt" 2>&1
 run suite-full 240 python3 -m pytest -p no:cacheprovider -q -rs --tb=short -x \
-  properties/test_kernels.py -m gpu --kernel own-sm90-full --hypothesis-seed=1
+  src/attention_crossval/properties/test_kernels.py -m gpu --kernel own-sm90-full --hypothesis-seed=1
 run targeted 120 python3 -m pytest -p no:cacheprovider -q -rs --tb=short \
-  properties/test_own_kernels.py -m gpu -k targeted --hypothesis-seed=1
+  src/attention_crossval/properties/test_own_kernels.py -m gpu -k targeted --hypothesis-seed=1
 run bench 120 python3 "$here/bench_own_sm90_full.py"
 grep -E "^bench" "$OUT/bench.log" > "$OUT/bench.txt"
 

@@ -18,10 +18,6 @@ ran, so a profile of a wrong kernel says so. torch and flash_attn are imported o
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -12,29 +12,21 @@ shadow them.
 
 from __future__ import annotations
 
-from pathlib import Path
-
-# In a source checkout the subpackages are the repository's top-level folders (an install maps
-# them under this package instead), so a checkout on PYTHONPATH works without installing.
-_CHECKOUT = Path(__file__).resolve().parent.parent
-if (_CHECKOUT / "pyproject.toml").is_file() and (_CHECKOUT / "reference" / "case.py").is_file():
-    __path__.append(str(_CHECKOUT))
-
-from attention_crossval.kernel.isolation import Declined  # noqa: E402
-from attention_crossval.kernel.known_findings import KnownFinding  # noqa: E402
-from attention_crossval.kernel.spec import (  # noqa: E402
+from attention_crossval.kernel.isolation import Declined
+from attention_crossval.kernel.known_findings import KnownFinding
+from attention_crossval.kernel.spec import (
     BackwardKernelAdapter,
     KernelAdapter,
     KernelSpec,
 )
-from attention_crossval.reference.case import (  # noqa: E402
+from attention_crossval.reference.case import (
     AttentionCase,
     AttentionResult,
     CausalAlignment,
     Mask,
 )
-from attention_crossval.reference.gradients import BackwardCase, Gradients  # noqa: E402
-from attention_crossval.reference.precision import (  # noqa: E402
+from attention_crossval.reference.gradients import BackwardCase, Gradients
+from attention_crossval.reference.precision import (
     BackwardPrecision,
     StreamingPrecision,
 )

@@ -27,7 +27,7 @@ from attention_crossval.report.session import run_report
 
 pytestmark = pytest.mark.cpu
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 FAST = RunOptions(rows=8)
 SAME_BY_PATH = "attention_crossval.kernel.adapters.streaming:create"
 

@@ -19,7 +19,7 @@ from attention_crossval.pytest_plugin import one_line_finding
 pytestmark = pytest.mark.cpu
 
 PLUGIN = "attention_crossval.pytest_plugin"
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 OURS = "[pytest]\nattention_crossval_strict = true\n"  # the session treats its tests as ours
 
 FAILING_TESTS = """
@@ -68,7 +68,9 @@ HEADER = "attention-crossval failures (3)"
 
 
 def _run(pytester: pytest.Pytester, monkeypatch, *args: str) -> list[str]:
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])
+    )
     pytester.makepyfile(test_failing=FAILING_TESTS)
     result = pytester.runpytest_subprocess("-p", PLUGIN, "-p", "no:cacheprovider", "-q", *args)
     return [line.rstrip() for line in result.outlines]

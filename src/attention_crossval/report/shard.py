@@ -186,7 +186,7 @@ def run_on_gpus(
     merged report in ``out``. Children log to ``OUT/shard-K-of-N/shard.log``."""
     out = Path(out)
     count = len(gpus)
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])  # the folder holding attention_crossval
     start = time.perf_counter()
     children = []
     for index, gpu in enumerate(gpus):

@@ -20,7 +20,7 @@ from attention_crossval.report.markdown import fmt
 
 pytestmark = pytest.mark.cpu
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 NO_MASK = "attention_crossval.kernel.broken.cpu_mistakes:no_causal_mask"
 RAISES = "attention_crossval.kernel.broken.cpu_faults:raises"
 TINY = ["--preset", "tiny", "--rows", "8", "--no-progress"]

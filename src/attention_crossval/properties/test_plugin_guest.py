@@ -18,7 +18,7 @@ import pytest
 pytestmark = pytest.mark.cpu
 
 PLUGIN = "attention_crossval.pytest_plugin"
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 
 FOREIGN_TEST = """
 import json, os
@@ -76,7 +76,9 @@ def test_a_foreign_test_session_is_unchanged(
     if ci:
         monkeypatch.setenv("CI", "true")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])
+    )
     pytester.makepyfile(test_foreign=FOREIGN_TEST)
     args = ("-n", "2", "-p", "xdist") if xdist else ()
     without = _record(pytester, False, *args)

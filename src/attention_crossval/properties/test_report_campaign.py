@@ -24,7 +24,7 @@ from attention_crossval.report.shard import Shard, parse_shard
 
 pytestmark = pytest.mark.cpu
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 SLURM = "SLURM_ARRAY_TASK_ID"
 INDEXED = "JOB_COMPLETION_INDEX"
 # Five configs over three shards: shards of 2, 2 and 1 config.
@@ -103,7 +103,7 @@ def test_cli_refuses_a_missing_index_before_writing(tmp_path: Path, monkeypatch,
 def _run_shards(config_file: Path, out: Path, environs: list[dict[str, str]], shard: str):
     """One ``attention-report --shard SHARD`` process per environment, side by side (as the
     scheduler runs them); every process gets the same command line."""
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    path = os.pathsep.join(p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH")) if p)
     base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", INDEXED))}
     command = [
         *(sys.executable, "-m", "attention_crossval.report", "--config-file", str(config_file)),

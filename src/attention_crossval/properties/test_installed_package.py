@@ -21,7 +21,7 @@ import pytest
 
 pytestmark = pytest.mark.cpu
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 if not (ROOT / "pyproject.toml").is_file():  # an installed copy: these tests need the checkout
     pytest.skip("needs the source checkout (pyproject.toml)", allow_module_level=True)
 NOT_SHIPPED = (".git", ".venv", ".hypothesis", ".tox", "build", "dist", "*.egg-info", "__pycache__")
@@ -82,7 +82,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A copy of this checkout built and installed non-editable into a fresh folder."""
     root = tmp_path_factory.mktemp("installed")
     source, target = root / "source", root / "site"
-    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(*NOT_SHIPPED))
+    shutil.copytree(ROOT, source, symlinks=True, ignore=shutil.ignore_patterns(*NOT_SHIPPED))
     # Without network access the build must use this environment's setuptools when it is
     # recent enough for pyproject.toml (>= 77), else pip fetches one (build isolation).
     setuptools = importlib.metadata.version("setuptools") if _has("setuptools") else "0"
@@ -118,8 +118,13 @@ def repository(
     for name in ("report", "reference", "properties"):
         pytester.mkdir(name).joinpath("__init__.py").write_text(DECOY.format(name=name))
     monkeypatch.setenv("PYTHONPATH", str(site))  # pytester puts its own folder first
-    for name in ("CI", "HYPOTHESIS_PROFILE", "ATTENTION_CROSSVAL_PROFILE", "ATTENTION_REPORT_DIR",
-                 "ATTENTION_CROSSVAL_SEED"):
+    for name in (
+        "CI",
+        "HYPOTHESIS_PROFILE",
+        "ATTENTION_CROSSVAL_PROFILE",
+        "ATTENTION_REPORT_DIR",
+        "ATTENTION_CROSSVAL_SEED",
+    ):
         monkeypatch.delenv(name, raising=False)
     assert ROOT not in pytester.path.parents
     return pytester

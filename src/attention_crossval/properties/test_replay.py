@@ -24,7 +24,7 @@ from attention_crossval.reference.gradients import BackwardCase
 
 pytestmark = pytest.mark.cpu
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 MISTAKES = "attention_crossval.kernel.broken.cpu_mistakes"
 BACKWARD_FAULTS = "attention_crossval.kernel.broken.cpu_backward_faults"
 
@@ -131,7 +131,7 @@ def test_no_cause_is_named_for_other_errors() -> None:
 
 
 def _pytest(*args: str, report_dir: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HYPOTHESIS_PROFILE": "ci"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "HYPOTHESIS_PROFILE": "ci"}
     command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-m", "cpu", *args]
     command += ["--report-dir", str(report_dir), "--hypothesis-seed", "0"]
     return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
@@ -158,7 +158,9 @@ def test_a_suite_failure_is_compact_and_its_command_replays_it(
     """The kernel suite on a broken CPU kernel: a compact failure (no arrays), at most
     CASES_PER_TEST saved cases, and the printed command reruns the kernel and exits 1 naming
     the check."""
-    done = _pytest(f"properties/{suite}", "--kernel", kernel, report_dir=tmp_path)
+    done = _pytest(
+        f"src/attention_crossval/properties/{suite}", "--kernel", kernel, report_dir=tmp_path
+    )
     assert done.returncode == 1, done.stdout[-3000:]
     failure = done.stdout.split(" FAILURES ")[1].split(" attention case coverage ")[0]
     assert "array(" not in failure and len(failure.splitlines()) < 60, failure
@@ -168,7 +170,7 @@ def test_a_suite_failure_is_compact_and_its_command_replays_it(
     again = subprocess.run(
         [sys.executable, *argv[1:]],
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
         capture_output=True,
         text=True,
         timeout=300,
@@ -179,12 +181,15 @@ def test_a_suite_failure_is_compact_and_its_command_replays_it(
 
 def test_backward_marker_selects_the_backward_modules_alone() -> None:
     """``-m backward`` keeps this package's backward test modules and drops the others."""
-    files = ["properties/test_exact_backward.py", "properties/test_compare.py"]
+    files = [
+        f"src/attention_crossval/properties/{name}"
+        for name in ("test_exact_backward.py", "test_compare.py")
+    ]
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q"]
         + ["-m", "backward", *files],
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
         capture_output=True,
         text=True,
         timeout=300,
