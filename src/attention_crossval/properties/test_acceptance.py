@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+import attention_crossval
+
 pytestmark = pytest.mark.cpu
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -28,8 +30,10 @@ def test_on_gpu():
 
 
 @pytest.fixture
-def project(pytester: pytest.Pytester) -> pytest.Pytester:
-    """A scratch project with this repository's pytest settings."""
+def project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    """A scratch project with this repository's pytest settings (the plugin they load importable
+    from where this copy of the package lives, installed or not)."""
+    monkeypatch.setenv("PYTHONPATH", str(Path(attention_crossval.__file__).resolve().parents[1]))
     options = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]
     settings = {k: v for k, v in options["ini_options"].items() if k != "testpaths"}
     lines = [f"{key} = {_ini_value(value)}" for key, value in settings.items()]

@@ -7,12 +7,15 @@ pytest itself, with the CPU divergent adapters of kernel/broken/cpu_known.py.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+import attention_crossval
 from attention_crossval.kernel.harness import CheckFailed, fill_padding, run_case
 from attention_crossval.kernel.harness_backward import run_backward_case
 from attention_crossval.kernel.hidden_nan import hidden_nan_findings, masked_hidden_keys
@@ -37,6 +40,7 @@ from attention_crossval.report.session import run_report
 pytestmark = pytest.mark.cpu
 
 CPU_KNOWN = "attention_crossval.kernel.broken.cpu_known"
+PLUGIN = "attention_crossval.pytest_plugin"
 LINK = "https://github.com/pytorch/pytorch"
 
 
@@ -322,8 +326,15 @@ def test_report_calls_covered_records_known(tmp_path) -> None:
     assert "FAIL (padding-read (known))" in markdown
 
 
+@pytest.fixture(autouse=True)
+def _importable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pytester's runs import the package (and its plugin) from where this copy lives."""
+    root = str(Path(attention_crossval.__file__).resolve().parents[1])
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+
+
 def _outcomes(pytester: pytest.Pytester, *args: str) -> dict[str, int]:
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", *args)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", PLUGIN, *args)
     return result.parseoutcomes()
 
 
@@ -379,7 +390,17 @@ def test_a_sweep_counts_known_cases_and_still_fails_on_another_bug(
     suite = "attention_crossval.properties.test_kernels"
     # Seeded: the sweep's two cases catch the scaled O only when one has a non-empty row (the
     # simplest case is an empty one); seed 1 draws such a case (seed 2 does not).
-    options = ("-p", "no:cacheprovider", "-m", "cpu", "-k", "feature and paged", "-rf")
+    options = (
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        PLUGIN,
+        "-m",
+        "cpu",
+        "-k",
+        "feature and paged",
+        "-rf",
+    )
     options += ("--hypothesis-seed=1",)
     result = pytester.runpytest_subprocess(*options, "--pyargs", suite, *args)
     result.assert_outcomes(passed=1, failed=1, deselected=48)
