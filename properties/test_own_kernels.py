@@ -363,7 +363,7 @@ def test_sm90_mask_is_one_select_per_score(
     two configurations), so at most six scores' worth of selects per thread. Written as an
     ``if`` per score, the mask compiled to a cascade of selects growing with the square of the
     scores (2098 in the first configuration, 996 FSEL per masked block in SASS) or to branches
-    (24 selects in the second), which this count catches (both seen, 2026-12-02)."""
+    (24 selects in the second), which this count catches (both forms were seen)."""
     kernel = _sm90(dtype, head_dim, causal, **VARIANT_KNOBS["default"])
     ptx = _variant_ptx(kernel, dtype, head_dim, path, tmp_path)
     selects = len(MASK_SELECT.findall(ptx))

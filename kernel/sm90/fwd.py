@@ -2,158 +2,123 @@
 
 Structure (one CTA per ``tile_m`` query rows of one (batch, head)):
 
-* warpgroup 0, warp 0 (``load``): TMA loads of the Q tile once, then K and V blocks through two
-  ``PipelineTmaAsync`` rings (``kv_stages`` deep), last KV block first;
-* warpgroups 1..``num_consumer_wg`` (``consume``), 64 query rows each: ``S = Q K^T`` by WGMMA
-  with both operands in SMEM (SS), the mask (kernel/common/mask.py) on blocks that need it, the
-  online softmax with exp2 (kernel/common/softmax.py), ``O *= alpha``, ``P`` converted to the
-  input dtype in registers and ``O += P V`` by WGMMA with A from registers (RS);
-* ``epilogue``: ``O * (1 / row_sum)`` (0 for empty rows), stored straight from registers with a
-  ``row < seqlen_q`` predicate, and the natural-log LSE (``-inf`` for empty rows).
+* warpgroup 0, warp 0 (:meth:`~FlashAttentionForwardSm90.load`): TMA loads of the Q tile, then
+  K and V blocks through two ``PipelineTmaAsync`` rings (``kv_stages`` deep), last KV block
+  first;
+* warpgroups 1..``num_consumer_wg`` (:meth:`~FlashAttentionForwardSm90.consume`), 64 query rows
+  each: ``S = Q K^T`` by WGMMA with both operands in SMEM (SS), the mask
+  (kernel/common/mask.py) on blocks that need it, the online softmax with exp2
+  (kernel/common/softmax.py), ``O *= alpha``, ``P`` converted to the input dtype in registers
+  and ``O += P V`` by WGMMA with A from registers (RS);
+* epilogue: ``O * (1 / row_sum)`` (0 for empty rows), stored with a ``row < seqlen_q``
+  predicate, and the natural-log LSE (``-inf`` for empty rows).
 
-Without knobs (the baseline) kept simple rather than fast: each WGMMA is waited for
-(``wait_group(0)``) before the next step, so the softmax never overlaps tensor-core work; no TMA
-store, no persistent scheduler (the knobs below change each of these; all off unless passed;
-each knob's addition left the baseline's PTX unchanged, checked byte for byte in 24
-configurations when it was added). The baseline was the adapters' configuration until
-2026-12-01, run and checked on the H200.
+Which tile a CTA computes and which KV blocks it visits is kernel/sm90/schedule.py's.
 
-The registered adapters pass ``overlap``, ``pingpong``, ``longest_first`` and ``smem_epilogue``,
-and at D = 64 three consumer warpgroups (``DEFAULT_KNOBS`` in kernel/adapters/own_sm90.py, whose
-``m192`` knob sets ``num_consumer_wg=3``): on the H200 (2026-12-02, CUDA-graph clock) that
-variant reached 0.92-1.00 of flash_attn.cute's TFLOP/s on the 8 rows of
-benchmarks/bench_own_sm90.py, and both adapters passed the GPU property tests with it (``ci``
-profile). ``persistent`` has run only in that benchmark.
+The WGMMA operand descriptors of Q, K and V come from the MMA sliced by the warpgroup's first
+thread (warp-uniform), not by ``tidx``, so they live in uniform registers: sliced by ``tidx``,
+every k-block's descriptor takes vector arithmetic and ``R2UR`` moves inside the loop.
 
-Two details of the consumer code found in the SASS (2026-12-02, scripts/sm90_sass.py; at
-D = 128 without causal they took the unmasked loop from 526 to 503 instructions per thread and
-a masked one from 1,595 to 611): the WGMMA operand descriptors of Q, K and V come from the MMA
-sliced by the warpgroup's first thread (warp-uniform), not by ``tidx``, so they live in uniform
-registers (sliced by ``tidx`` every k-block's descriptor took vector arithmetic and ``R2UR``
-moves); and the mask selects (kernel/common/mask.py).
+Without knobs (the baseline) the kernel is kept simple rather than fast: each WGMMA is waited
+for (``wait_group(0)``) before the next step, so the softmax never overlaps tensor-core work;
+O is stored from registers; one CTA per tile. Each knob below is a compile-time choice that
+changes one of these, off unless passed. The registered adapters run
+``DEFAULT_KNOBS`` (kernel/adapters/own_sm90.py); docs/own-kernels.md says what each knob is
+for, docs/results-h200.md what each measured.
 
-The knob ``overlap=True`` (in the benchmark 5-29 % faster than the baseline, the same output
-difference from flash_attn.cute) pipelines the loop inside each consumer warpgroup, as
-FlashAttention 3 does: after the first block's softmax, each step issues ``S = Q K^T`` of the next
-block and ``O += P V`` of the current one, waits for the first group only (``wait_group(1)``), masks
-and softmaxes the new S while the PV may still run, then waits for the PV, releases its V stage,
-rescales O by the new block's ``alpha`` and turns the new S into P; the last block's PV runs after
-the loop (:meth:`kv_loop_overlap`). Blocks that need the mask and those that do not run in separate
-loops (:func:`split_by_mask`), so no branch sits between the two waits. ptxas keeps the
-``wait_group(1)`` but places the final wait early in the softmax: in the SASS of the unmasked loop
-about 10 of its 66 ``MUFU.EX2`` run between the two waits and the rest after the PV's, interleaved
-with the conversion of P. That conversion has to follow the wait: P's registers are read by the
-PV in flight, and writing a second P buffer while a WGMMA stage is open makes ptxas serialize
-every WGMMA (its warning C7513; tried 2026-12-02). flash_attn.cute's SM90 loop has the same split
-(11 of 66 before the wait, from its SASS compiled the same way).
+* ``overlap``: FlashAttention 3's intra-warpgroup pipeline (:meth:`kv_loop_overlap`). After the
+  first block's softmax, each step issues ``S = Q K^T`` of the next block and ``O += P V`` of
+  the current one, waits for the first group only (``wait_group(1)``), masks and softmaxes the
+  new S while the PV may still run, then waits for the PV, releases its V stage, rescales O by
+  the new block's ``alpha`` and turns the new S into P; the last block's PV runs after the
+  loop. Masked and unmasked blocks run in separate loops (:func:`split_by_mask`), so no branch
+  sits between the two waits (ptxas would hoist the second wait above the softmax). P's
+  conversion has to follow the second wait: P's registers are read by the PV in flight, and
+  writing a second P buffer while a WGMMA stage is open makes ptxas serialize every WGMMA
+  (its warning C7513).
+* ``pingpong`` (needs ``overlap`` and 2 or 3 consumer warpgroups): FlashAttention 3's
+  turn-taking. In each loop step a warpgroup waits on its named barrier (``SCHEDULER_BARRIER +
+  wg``) before issuing its two GEMMs and, once they are issued, arrives on the next
+  warpgroup's, so one warpgroup's GEMMs run while the others do their softmax. The first
+  warpgroup's barrier gets one arrive before the loops (its first turn), so one arrive stays
+  pending at exit, as in FlashAttention. Every warpgroup walks the same blocks, so their turns
+  chain up; the varlen V-row zeroing, which syncs all consumer warpgroups, runs before a
+  warpgroup waits for its turn, never inside it.
+* ``num_consumer_wg=3`` (the adapters' ``m192``, D = 64 only): 192-row query tiles,
+  FlashAttention's SM90 tile at D = 64; the consumers get 160 registers each and the producer
+  32 (:data:`CONSUMER_REGISTERS`), which hold S, P and O at D = 64 only.
+* ``longest_first``: causal or windowed kernels map CTA ``blockIdx.x`` to query tile
+  ``gridDim.x - 1 - blockIdx.x`` (:func:`tile_for_block`), so the hardware, which launches CTAs
+  in index order, starts the tiles with the most KV blocks first and fills the tail of the grid
+  with short ones (FlashAttention's LPT order, without its L2 swizzle of heads). Without causal
+  or a window every tile has the same work and the knob compiles to nothing.
+* ``smem_epilogue``: instead of per-element predicated 2-byte global stores, O (normalized and
+  converted) goes by ``stmatrix`` into the Q buffer, whose layout (128-byte swizzle) is the O
+  tile's, so no shared memory is added (:meth:`epilogue_smem`); then, without varlen, one TMA
+  store of the tile (clipped by the TMA unit at the tensor's padded ``S``, which is then
+  ``seqlen_q``), and with varlen (rows past ``seqused_q`` must stay unwritten, which a box
+  clipped at ``S`` would not honour) 16-byte row chunks with a row predicate. It needs ``o``
+  16-byte aligned with S, H and B strides in multiples of 16 bytes (the adapters' launch
+  checks).
+* ``persistent``: ``min(num_tiles, max_ctas)`` CTAs (at least 1; ``max_ctas`` is a host
+  ``Int32``, the adapters pass the SM count) walk the ``m_blocks * H * B`` query tiles
+  (:meth:`run_persistent`, decoded by :func:`persistent_tile`: m_block fastest without causal
+  or a window, longest-first inside L2-sized sections of (batch, head) pairs with them). Per
+  tile the producer runs :meth:`load` and the consumers :meth:`consume` exactly as the one-tile
+  kernel does; Q has 2 stages, so the next tile's Q load overlaps this tile's tail, and the
+  consumers release a Q stage after the tile's KV loop. The static round-robin leaves the
+  causal imbalance of the last wave(s). Not with ``pingpong`` (its pending arrive would pile up
+  once per tile) nor with ``smem_epilogue`` (O in Q's buffer would race the next tile's Q
+  load): both raise ValueError.
 
-The knob ``pingpong=True`` (needs ``overlap=True`` and 2 or 3 consumer warpgroups; a default
-knob: in the benchmark of 2026-12-02 at D = 128, +7-10 % without causal, 0.5-2.5 % slower with
-it; on 2026-12-01, before the descriptor and mask fixes, it was slower on 7 of 8 rows) adds
-FlashAttention 3's turn-taking: in each loop step a warpgroup waits on its named barrier
-(``SCHEDULER_BARRIER + wg``) before issuing its two GEMMs and, once they are issued, arrives on
-the next warpgroup's (``(wg + 1) % num_consumer_wg``), so one warpgroup's GEMMs run while the
-others do their softmax. The first warpgroup's barrier gets one arrive before the loops (its
-first turn), so one arrive stays pending at exit, as in FlashAttention. Every warpgroup walks the
-same blocks (the block range is the CTA's), so their turns chain up; the varlen V-row zeroing,
-which syncs all consumer warpgroups, runs before a warpgroup waits for its turn, never inside it.
+Why every wait of the persistent kernel has its arrive, on every path:
 
-``num_consumer_wg=3`` (the adapters' ``m192`` knob, a default at D = 64: +14-17 % there over
-128-row tiles, +8-12 % with ``pingpong`` on both) makes the query tile 192 rows,
-FlashAttention's SM90 tile at D = 64; the consumers get 160 registers each and the producer 32
-(:data:`CONSUMER_REGISTERS`), which hold S, P and O at D = 64 only.
+* both roles compute the same tile sequence and per tile the same block range (the same
+  :func:`tile_work`), so the producer's sequence of Q, K and V stage fills is exactly the
+  consumers' sequence of waits; the pipeline states (stage, phase) continue across tiles in
+  both roles (:meth:`load`, :meth:`consume` and :meth:`kv_loop_overlap` return the participants
+  and the loops rebind them, so the DSL carries them; the CPU tests check no wait in the PTX
+  has a literal phase);
+* K/V: every consumer wait is followed, on the same path, by its release, so each producer
+  acquire waits for a release the consumers reach without waiting on anything the producer has
+  not issued yet;
+* Q: the producer fills Q for every tile, even one with no KV block, and the consumers wait
+  for it and release it after the KV loop on every tile (an empty tile runs no WGMMA and still
+  writes O = 0, LSE = -inf below ``seqlen_q``); the Q acquire for tile ``j`` waits for the
+  release of tile ``j - 2``, which needs only fills issued before it;
+* the consumer warpgroups' named barrier (the varlen V-row zeroing) is met by every consumer
+  warpgroup the same number of times per tile;
+* a CTA with no tile (only when ``num_tiles`` is 0: the grid is 1 then) runs zero iterations
+  in both roles; after its last tile the producer warp exits with its last loads in flight,
+  which the consumers wait for (no cluster, so no producer tail is needed).
 
-The knob ``longest_first=True`` (a default knob; 0.4-4 % over ``overlap`` alone on the causal rows
-of the benchmark) reverses the CTA -> query tile map for causal or windowed kernels
-(:func:`tile_for_block`: ``m_block = gridDim.x - 1 - blockIdx.x``), so the hardware, which launches
-CTAs in index order, starts the tiles with the most KV blocks first and fills the tail of the grid
-with the short ones (FlashAttention's LPT order, without its L2 swizzle of heads). ``m_block`` is
-set once at the top of :meth:`kernel`, so the loads, the block range, the masks and the epilogue all
-see the same tile. Without causal or a window every tile has the same work and the knob compiles to
-nothing (the same PTX as without it).
+Layouts: q, k, v, o ``[B, S, H, D]`` with unit stride on D (any other strides, e.g.
+guard-banded views), lse ``[B, H, Sq]`` float32; B, H, Sq, Sk dynamic; D static (64 or 128);
+bottom-right causal or no mask. Query head ``h`` reads kv head ``h // (Hq // Hkv)`` (GQA/MQA;
+Hq a multiple of Hkv).
 
-The knob ``smem_epilogue=True`` (a default knob; in the benchmark up to 32 % over ``overlap`` with
-``longest_first``, most at S = 1024, 1 % slower on one row) replaces the epilogue's per-element
-predicated 2-byte global stores (64 ``st.global.b16`` per thread at D = 128) by wide ones
-(:meth:`epilogue_smem`): O, normalized and converted, goes by ``stmatrix`` into the Q buffer (Q's
-layout, 128-byte swizzle, is the O tile's; no extra shared memory: 164864 bytes at D = 128, 82944 at
-D = 64, as without the knob), then without varlen one TMA store of the tile (the TMA unit clips it
-at the tensor's padded ``S``, which is then ``seqlen_q``), and with varlen (``seqused_q``: rows past
-it must stay unwritten, which a box clipped at ``S`` would not honour) 16-byte row chunks through
-registers with a row predicate. It needs ``o`` 16-byte aligned with S, H and B strides in multiples
-of 16 bytes (the adapters' launch checks). The LSE is written as before.
+Optional trailing arguments, each a compile-time choice by being None or not (``own-sm90``
+passes them for the cases that need them; ``own-sm90-full`` always passes the lengths, and the
+window bounds when a case has a window):
 
-The knob ``persistent=True`` (opt-in; run only in the benchmark, as ``overlap`` + ``persistent``:
-against ``overlap`` alone 2-9 % faster on 4 rows, equal on 1, 3-12 % slower on 3, and slower than
-the default knobs on all 8; not with ``pingpong``, whose pending arrive would pile up once per tile,
-nor with ``smem_epilogue``, whose O in Q's buffer would race the next tile's Q load: both raise
-ValueError) launches ``min(num_tiles, max_ctas)`` CTAs (at least 1; ``max_ctas`` is a host ``Int32``
-argument, the adapters pass the GPU's SM count) for the ``num_tiles = m_blocks * H * B`` query
-tiles, and each CTA walks the linear tiles ``blockIdx.x, blockIdx.x + gridDim.x, ...``
-(:meth:`run_persistent`), decoded by :func:`persistent_tile`: m_block fastest without causal or a
-window; with them longest-first (m_block descending) inside sections of (batch, head) pairs whose K
-and V fit in about 40 MB of L2 (:func:`lpt_section`; FlashAttention's LPT order), whether or not
-``longest_first`` is set. Per tile the producer warp runs :meth:`load` and the consumers
-:meth:`consume` exactly as the one-tile kernel (fresh softmax state, O and masks, the tile's own
-batch lengths under varlen), and the epilogue stores from registers. Q has 2 stages (197632 bytes of
-shared memory at D = 128, 99328 at D = 64), so the next tile's Q load overlaps this tile's tail; the
-consumers release a Q stage after the tile's KV loop. The static round-robin leaves the causal load
-imbalance of the last wave(s) and gives CTA 0 the longest tile of each wave.
-
-Why every wait of the persistent kernel has its arrive (hang-safety), on every path:
-
-* both roles compute the same tile sequence (same ``blockIdx.x``, ``gridDim.x``, tile count and
-  decode) and per tile the same block range (:func:`kv_block_range` of the same lengths and
-  window), so the producer's sequence of Q, K and V stage fills is exactly the consumers'
-  sequence of waits, tile after tile; the pipeline states (stage, phase) continue across tiles
-  in both roles (``load``, ``consume`` and ``kv_loop_overlap`` return the participants and the
-  loops rebind them, so the DSL carries them; the CPU tests check no wait in the PTX has a
-  literal phase);
-* K/V: every consumer wait is followed, on the same path, by its release (both loops, the
-  overlap's first and last block), so each producer acquire of a stage waits for a release the
-  consumers reach without waiting on anything the producer has not issued yet (it issued every
-  earlier fill first);
-* Q: the producer fills Q for every tile, even one with no KV block (empty causal row range,
-  a tile past ``seqused_q``), and the consumers wait for it and release it after the KV loop
-  on every tile, empty or not (an empty tile runs no WGMMA and still writes O = 0, LSE =
-  -inf below ``seqlen_q``); the producer's Q acquire for tile ``j`` waits for the release of
-  tile ``j - 2``, which needs only fills issued before it;
-* the consumer warpgroups' named barrier (the varlen V-row zeroing) is met by both warpgroups
-  the same number of times per tile, since both walk the same tiles and blocks;
-* a CTA with no tile (only when ``num_tiles`` is 0: the grid is 1 then) runs zero iterations in
-  both roles and waits on nothing after the barrier-init ``__syncthreads`` every thread passes;
-  after its last tile the producer warp exits with its last loads in flight, which the
-  consumers wait for (no cluster, so no producer tail is needed), and the last Q and K/V
-  releases are arrives nobody waits for.
-
-Layouts: q, k, v, o ``[B, S, H, D]`` with unit stride on D (any other strides, e.g. guard-banded
-views), lse ``[B, H, Sq]`` float32; B, H, Sq, Sk dynamic; D static (64 or 128); bottom-right
-causal or no mask. Query head ``h`` reads kv head ``h // (Hq // Hkv)`` (GQA/MQA; Hq a multiple
-of Hkv).
-
-Optional trailing arguments, each a compile-time choice by being None or not (the adapter
-``own-sm90`` passes none of them; ``own-sm90-full`` passes them; that path ran on the H200 under
-the GPU property tests, 2026-12-01, without knobs and with the default knobs):
-
-* ``seqused_q`` / ``seqused_k`` (int32 ``[B]``, both or neither): each batch's valid lengths in
-  the padded layout. Rows past ``seqused_q`` are not written (O nor LSE); a query tile past it
-  visits no KV block; keys past ``seqused_k`` are masked, KV blocks past it are not loaded, and
-  the V rows of the last partial block that lie past it (and inside the tensor: rows past the
-  tensor are zero-filled by the TMA unit) are overwritten with zeros in shared memory before the
-  ``P V`` WGMMA. ``P = 0`` times a NaN in padding would be NaN, so masking P alone is not
-  enough; the K rows need no such care, since their scores are replaced by ``-inf``.
+* ``seqused_q`` / ``seqused_k`` (int32 ``[B]``, both or neither): each batch's valid lengths
+  in the padded layout. Rows past ``seqused_q`` are not written (O nor LSE); a query tile past
+  it visits no KV block; keys past ``seqused_k`` are masked, KV blocks past it are not loaded,
+  and the V rows of the last partial block that lie past it (and inside the tensor: rows past
+  the tensor are zero-filled by the TMA unit) are overwritten with zeros in shared memory
+  before the ``P V`` WGMMA: ``P = 0`` times a NaN in padding would be NaN. The K rows need no
+  such care, since their scores are replaced by ``-inf``.
 * ``window_left`` / ``window_right`` (``Int32``, both or neither, clamped by the caller as
   kernel/common/mask.py says): a sliding window around the bottom-right diagonal; with causal
   only ``window_left`` matters. KV blocks outside the band of every row of the tile are skipped
   at both ends of the loop.
 
-Blocks inside every row's band and below ``seqlen_k`` skip the mask (the unmasked fast path); the
-diagonal, window-edge and last partial blocks are masked.
+Blocks inside every row's band and below ``seqlen_k`` skip the mask (the unmasked fast path);
+the diagonal, window-edge and last partial blocks are masked.
 
 :meth:`FlashAttentionForwardSm90.compile` builds the kernel for sm_90a on fake tensors, so a
 CPU-only machine can compile it and inspect the PTX (properties/test_own_kernels.py). The knobs
-``num_consumer_wg`` = 1 and ``tile_n`` = 64 compile too but only the adapter's configuration
-(2 consumer warpgroups, 128 x 128 tiles, 2 KV stages) is tested.
+``num_consumer_wg=1`` and ``tile_n=64`` compile too, but only the adapters' tiles are tested.
 """
 
 from __future__ import annotations
