@@ -318,7 +318,7 @@ def test_sm90_longest_first_order_is_a_permutation() -> None:
     computed exactly once (the block walk of each tile is the one replayed below), and the
     first CTA gets the tile with the most KV blocks."""
     from attention_crossval.kernel.common.mask import kv_block_range
-    from attention_crossval.kernel.sm90.fwd import tile_for_block
+    from attention_crossval.kernel.sm90.schedule import tile_for_block
 
     for num_m_blocks in (1, 2, 7, 32):
         for longest_first in (False, True):
@@ -361,7 +361,7 @@ def test_sm90_mask_is_one_select_per_score(
     two configurations), so at most six scores' worth of selects per thread. Written as an
     ``if`` per score, the mask compiled to a cascade of selects growing with the square of the
     scores (2098 in the first configuration, 996 FSEL per masked block in SASS) or to branches
-    (24 selects in the second), which this count catches (both seen, 2026-12-02)."""
+    (24 selects in the second), which this count catches (both forms were seen)."""
     kernel = _sm90(dtype, head_dim, causal, **VARIANT_KNOBS["default"])
     ptx = _variant_ptx(kernel, dtype, head_dim, path, tmp_path)
     selects = len(MASK_SELECT.findall(ptx))
@@ -710,7 +710,7 @@ def test_sm90_persistent_tile_walk_visits_every_tile_once() -> None:
     walked in non-increasing causal work, its pairs' K and V within :data:`LPT_L2_BYTES`; in the
     natural order consecutive tiles walk m_block first, as the one-tile grid does."""
     from attention_crossval.kernel.common.mask import kv_block_range
-    from attention_crossval.kernel.sm90.fwd import LPT_L2_BYTES, lpt_section, persistent_tile
+    from attention_crossval.kernel.sm90.schedule import LPT_L2_BYTES, lpt_section, persistent_tile
 
     for num_m, H, B, Sk in ((8, 16, 16, 1024), (32, 16, 4, 4096), (3, 5, 7, 300), (1, 1, 1, 5)):
         num_hb, tiles = H * B, num_m * H * B

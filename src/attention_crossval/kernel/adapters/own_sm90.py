@@ -12,25 +12,21 @@ on its varlen path; ``own-sm90-full`` runs every case on the varlen path (full l
 case has none), so that the suite puts that path through every case it draws. A varlen-path
 case compiles one of 16 variants: (dtype, D, causal, window).
 
-What ran on the H200: on 2026-12-01 ``own-sm90-full`` and ``own-sm90``'s dense path under the
-kernel suite and the targeted cases, without knobs and with that day's default
-(``overlap,longest_first,smem_epilogue``); on 2026-12-02 both adapters, the dispatching
-``own-sm90`` included, with the present :data:`DEFAULT_KNOBS`: ``CI=true pytest -m gpu -n 6
---kernel own-sm90 --kernel own-sm90-full properties/test_kernels.py
-properties/test_own_kernels.py``, 56 passed.
+Both adapters have run on the H200 under the kernel suite and the targeted cases, with the
+present :data:`DEFAULT_KNOBS` and without knobs; docs/results-h200.md has the runs and their
+commands.
 
 The kernel variant: both adapters run :data:`DEFAULT_KNOBS` (``overlap``: intra-warpgroup
 overlap of the softmax with the WGMMAs; ``pingpong``: the consumer warpgroups take turns
 issuing their WGMMAs; ``longest_first``: causal and windowed tiles in decreasing work order;
 ``smem_epilogue``: O through shared memory and a TMA store; ``m192``: three consumer warpgroups,
-192-row query tiles, at D = 64), on the H200 (2026-12-02) the fastest variant of
-benchmarks/bench_own_sm90.py or within 2.5 % of it on every row, unless the environment
-variable ``ATTENTION_CROSSVAL_SM90_OVERLAP`` says otherwise when they launch: ``baseline`` or
-``0`` the kernel without knobs, ``1`` overlap alone, ``pingpong`` overlap with ping-pong,
-``default`` or empty the default, or a comma-separated list of :data:`KNOBS` names, exactly
-those on (``pingpong`` bringing ``overlap``), e.g. ``overlap,persistent``. ``persistent`` (one
+192-row query tiles, at D = 64), unless the environment variable
+``ATTENTION_CROSSVAL_SM90_OVERLAP`` says otherwise when they launch: ``baseline`` or ``0`` the
+kernel without knobs, ``1`` overlap alone, ``pingpong`` overlap with ping-pong, ``default`` or
+empty the default, or a comma-separated list of :data:`KNOBS` names, exactly those on
+(``pingpong`` bringing ``overlap``), e.g. ``overlap,persistent``. ``persistent`` (one
 CTA per SM looping over the tiles; not with ``pingpong`` nor ``smem_epilogue``) stays opt-in:
-it has run only in that benchmark, where it was mixed against ``overlap`` alone (2026-12-01).
+it has run only in benchmarks/bench_own_sm90.py, never under the property tests.
 Benchmarks choose a variant directly with the knob arguments of :func:`launch` and
 :func:`launch_full`, where a knob left out is off (no knobs: the baseline kernel).
 
@@ -59,10 +55,8 @@ FULL_MAX_SEQLEN = 1 << 29
 # The kernel's compile-time knobs the adapters pass through (kernel/sm90/fwd.py), all off in
 # the kernel and in launch() unless named; each combination is compiled and cached apart.
 KNOBS = ("overlap", "pingpong", "longest_first", "smem_epilogue", "persistent", "m192")
-# The registered adapters' default variant: in benchmarks/bench_own_sm90.py on the H200
-# (2026-12-02, CUDA-graph clock) the fastest (or level) on 5 of its 8 rows and within 2.5 % on
-# the other three (causal D = 128, where the variant without pingpong leads), and run there
-# under the GPU property tests (ci profile).
+# The registered adapters' default variant: one set of knobs for every configuration, the one
+# benchmarks/bench_own_sm90.py found best or close to it on each row (docs/results-h200.md).
 DEFAULT_KNOBS = ("overlap", "pingpong", "longest_first", "smem_epilogue", "m192")
 # The registered adapters' kernel variant (switch): value -> launch knobs; unset is "".
 OVERLAP_ENV = "ATTENTION_CROSSVAL_SM90_OVERLAP"

@@ -1,8 +1,5 @@
 """Host-side pieces every own kernel shares: the CuTe views of the project layout, and the
-compile-only build on fake tensors.
-
-Both run at trace time on the host, so moving them here changes no generated code (the SM90 and
-SM100 PTX is identical before and after).
+compile-only build on fake tensors. Both run at trace time on the host.
 """
 
 from __future__ import annotations

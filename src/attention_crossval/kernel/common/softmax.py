@@ -20,8 +20,8 @@ them every block, the row sum only once in :meth:`finalize`.
 
 Inside a thread, a row's max and its block sum are each taken over :data:`PARTIALS` interleaved
 partial results combined by a tree (:func:`reduce_row`), not one chain through every column: a
-chain of 32 dependent ``max`` or ``add`` instructions per row sat on the critical path between
-the two GEMMs. The max is exact in any order; the sum's order is one more way of adding
+chain of 32 dependent ``max`` or ``add`` instructions per row would sit on the critical path
+between the two GEMMs. The max is exact in any order; the sum's order is one more way of adding
 positive terms, which the derived bound covers (docs/numerics.md, section 4: the bound holds for
 every summation order).
 """

@@ -2,161 +2,128 @@
 
 Structure (one CTA per ``tile_m`` query rows of one (batch, head)):
 
-* warpgroup 0, warp 0 (``load``): TMA loads of the Q tile once, then K and V blocks through two
-  ``PipelineTmaAsync`` rings (``kv_stages`` deep), last KV block first;
-* warpgroups 1..``num_consumer_wg`` (``consume``), 64 query rows each: ``S = Q K^T`` by WGMMA
-  with both operands in SMEM (SS), the mask (kernel/common/mask.py) on blocks that need it, the
-  online softmax with exp2 (kernel/common/softmax.py), ``O *= alpha``, ``P`` converted to the
-  input dtype in registers and ``O += P V`` by WGMMA with A from registers (RS);
-* ``epilogue``: ``O * (1 / row_sum)`` (0 for empty rows), stored straight from registers with a
-  ``row < seqlen_q`` predicate, and the natural-log LSE (``-inf`` for empty rows).
+* warpgroup 0, warp 0 (:meth:`~FlashAttentionForwardSm90.load`): TMA loads of the Q tile, then
+  K and V blocks through two ``PipelineTmaAsync`` rings (``kv_stages`` deep), last KV block
+  first;
+* warpgroups 1..``num_consumer_wg`` (:meth:`~FlashAttentionForwardSm90.consume`), 64 query rows
+  each: ``S = Q K^T`` by WGMMA with both operands in SMEM (SS), the mask
+  (kernel/common/mask.py) on blocks that need it, the online softmax with exp2
+  (kernel/common/softmax.py), ``O *= alpha``, ``P`` converted to the input dtype in registers
+  and ``O += P V`` by WGMMA with A from registers (RS);
+* epilogue: ``O * (1 / row_sum)`` (0 for empty rows), stored with a ``row < seqlen_q``
+  predicate, and the natural-log LSE (``-inf`` for empty rows).
 
-Without knobs (the baseline) kept simple rather than fast: each WGMMA is waited for
-(``wait_group(0)``) before the next step, so the softmax never overlaps tensor-core work; no TMA
-store, no persistent scheduler (the knobs below change each of these; all off unless passed;
-each knob's addition left the baseline's PTX unchanged, checked byte for byte in 24
-configurations when it was added). The baseline was the adapters' configuration until
-2026-12-01, run and checked on the H200.
+Which tile a CTA computes and which KV blocks it visits is kernel/sm90/schedule.py's.
 
-The registered adapters pass ``overlap``, ``pingpong``, ``longest_first`` and ``smem_epilogue``,
-and at D = 64 three consumer warpgroups (``DEFAULT_KNOBS`` in kernel/adapters/own_sm90.py, whose
-``m192`` knob sets ``num_consumer_wg=3``): on the H200 (2026-12-02, CUDA-graph clock) that
-variant reached 0.92-1.00 of flash_attn.cute's TFLOP/s on the 8 rows of
-benchmarks/bench_own_sm90.py, and both adapters passed the GPU property tests with it (``ci``
-profile). ``persistent`` has run only in that benchmark.
+The WGMMA operand descriptors of Q, K and V come from the MMA sliced by the warpgroup's first
+thread (warp-uniform), not by ``tidx``, so they live in uniform registers: sliced by ``tidx``,
+every k-block's descriptor takes vector arithmetic and ``R2UR`` moves inside the loop.
 
-Two details of the consumer code found in the SASS (2026-12-02, scripts/sm90_sass.py; at
-D = 128 without causal they took the unmasked loop from 526 to 503 instructions per thread and
-a masked one from 1,595 to 611): the WGMMA operand descriptors of Q, K and V come from the MMA
-sliced by the warpgroup's first thread (warp-uniform), not by ``tidx``, so they live in uniform
-registers (sliced by ``tidx`` every k-block's descriptor took vector arithmetic and ``R2UR``
-moves); and the mask selects (kernel/common/mask.py).
+Without knobs (the baseline) the kernel is kept simple rather than fast: each WGMMA is waited
+for (``wait_group(0)``) before the next step, so the softmax never overlaps tensor-core work;
+O is stored from registers; one CTA per tile. Each knob below is a compile-time choice that
+changes one of these, off unless passed. The registered adapters run
+``DEFAULT_KNOBS`` (kernel/adapters/own_sm90.py); docs/own-kernels.md says what each knob is
+for, docs/results-h200.md what each measured.
 
-The knob ``overlap=True`` (in the benchmark 5-29 % faster than the baseline, the same output
-difference from flash_attn.cute) pipelines the loop inside each consumer warpgroup, as
-FlashAttention 3 does: after the first block's softmax, each step issues ``S = Q K^T`` of the next
-block and ``O += P V`` of the current one, waits for the first group only (``wait_group(1)``), masks
-and softmaxes the new S while the PV may still run, then waits for the PV, releases its V stage,
-rescales O by the new block's ``alpha`` and turns the new S into P; the last block's PV runs after
-the loop (:meth:`kv_loop_overlap`). Blocks that need the mask and those that do not run in separate
-loops (:func:`split_by_mask`), so no branch sits between the two waits. ptxas keeps the
-``wait_group(1)`` but places the final wait early in the softmax: in the SASS of the unmasked loop
-about 10 of its 66 ``MUFU.EX2`` run between the two waits and the rest after the PV's, interleaved
-with the conversion of P. That conversion has to follow the wait: P's registers are read by the
-PV in flight, and writing a second P buffer while a WGMMA stage is open makes ptxas serialize
-every WGMMA (its warning C7513; tried 2026-12-02). flash_attn.cute's SM90 loop has the same split
-(11 of 66 before the wait, from its SASS compiled the same way).
+* ``overlap``: FlashAttention 3's intra-warpgroup pipeline (:meth:`kv_loop_overlap`). After the
+  first block's softmax, each step issues ``S = Q K^T`` of the next block and ``O += P V`` of
+  the current one, waits for the first group only (``wait_group(1)``), masks and softmaxes the
+  new S while the PV may still run, then waits for the PV, releases its V stage, rescales O by
+  the new block's ``alpha`` and turns the new S into P; the last block's PV runs after the
+  loop. Masked and unmasked blocks run in separate loops (:func:`split_by_mask`), so no branch
+  sits between the two waits (ptxas would hoist the second wait above the softmax). P's
+  conversion has to follow the second wait: P's registers are read by the PV in flight, and
+  writing a second P buffer while a WGMMA stage is open makes ptxas serialize every WGMMA
+  (its warning C7513).
+* ``pingpong`` (needs ``overlap`` and 2 or 3 consumer warpgroups): FlashAttention 3's
+  turn-taking. In each loop step a warpgroup waits on its named barrier (``SCHEDULER_BARRIER +
+  wg``) before issuing its two GEMMs and, once they are issued, arrives on the next
+  warpgroup's, so one warpgroup's GEMMs run while the others do their softmax. The first
+  warpgroup's barrier gets one arrive before the loops (its first turn), so one arrive stays
+  pending at exit, as in FlashAttention. Every warpgroup walks the same blocks, so their turns
+  chain up; the varlen V-row zeroing, which syncs all consumer warpgroups, runs before a
+  warpgroup waits for its turn, never inside it.
+* ``num_consumer_wg=3`` (the adapters' ``m192``, D = 64 only): 192-row query tiles,
+  FlashAttention's SM90 tile at D = 64; the consumers get 160 registers each and the producer
+  32 (:data:`CONSUMER_REGISTERS`), which hold S, P and O at D = 64 only.
+* ``longest_first``: causal or windowed kernels map CTA ``blockIdx.x`` to query tile
+  ``gridDim.x - 1 - blockIdx.x`` (:func:`tile_for_block`), so the hardware, which launches CTAs
+  in index order, starts the tiles with the most KV blocks first and fills the tail of the grid
+  with short ones (FlashAttention's LPT order, without its L2 swizzle of heads). Without causal
+  or a window every tile has the same work and the knob compiles to nothing.
+* ``smem_epilogue``: instead of per-element predicated 2-byte global stores, O (normalized and
+  converted) goes by ``stmatrix`` into the Q buffer, whose layout (128-byte swizzle) is the O
+  tile's, so no shared memory is added (:meth:`epilogue_smem`); then, without varlen, one TMA
+  store of the tile (clipped by the TMA unit at the tensor's padded ``S``, which is then
+  ``seqlen_q``), and with varlen (rows past ``seqused_q`` must stay unwritten, which a box
+  clipped at ``S`` would not honour) 16-byte row chunks with a row predicate. It needs ``o``
+  16-byte aligned with S, H and B strides in multiples of 16 bytes (the adapters' launch
+  checks).
+* ``persistent``: ``min(num_tiles, max_ctas)`` CTAs (at least 1; ``max_ctas`` is a host
+  ``Int32``, the adapters pass the SM count) walk the ``m_blocks * H * B`` query tiles
+  (:meth:`run_persistent`, decoded by :func:`persistent_tile`: m_block fastest without causal
+  or a window, longest-first inside L2-sized sections of (batch, head) pairs with them). Per
+  tile the producer runs :meth:`load` and the consumers :meth:`consume` exactly as the one-tile
+  kernel does; Q has 2 stages, so the next tile's Q load overlaps this tile's tail, and the
+  consumers release a Q stage after the tile's KV loop. The static round-robin leaves the
+  causal imbalance of the last wave(s). Not with ``pingpong`` (its pending arrive would pile up
+  once per tile) nor with ``smem_epilogue`` (O in Q's buffer would race the next tile's Q
+  load): both raise ValueError.
 
-The knob ``pingpong=True`` (needs ``overlap=True`` and 2 or 3 consumer warpgroups; a default
-knob: in the benchmark of 2026-12-02 at D = 128, +7-10 % without causal, 0.5-2.5 % slower with
-it; on 2026-12-01, before the descriptor and mask fixes, it was slower on 7 of 8 rows) adds
-FlashAttention 3's turn-taking: in each loop step a warpgroup waits on its named barrier
-(``SCHEDULER_BARRIER + wg``) before issuing its two GEMMs and, once they are issued, arrives on
-the next warpgroup's (``(wg + 1) % num_consumer_wg``), so one warpgroup's GEMMs run while the
-others do their softmax. The first warpgroup's barrier gets one arrive before the loops (its
-first turn), so one arrive stays pending at exit, as in FlashAttention. Every warpgroup walks the
-same blocks (the block range is the CTA's), so their turns chain up; the varlen V-row zeroing,
-which syncs all consumer warpgroups, runs before a warpgroup waits for its turn, never inside it.
+Why every wait of the persistent kernel has its arrive, on every path:
 
-``num_consumer_wg=3`` (the adapters' ``m192`` knob, a default at D = 64: +14-17 % there over
-128-row tiles, +8-12 % with ``pingpong`` on both) makes the query tile 192 rows,
-FlashAttention's SM90 tile at D = 64; the consumers get 160 registers each and the producer 32
-(:data:`CONSUMER_REGISTERS`), which hold S, P and O at D = 64 only.
+* both roles compute the same tile sequence and per tile the same block range (the same
+  :func:`tile_work`), so the producer's sequence of Q, K and V stage fills is exactly the
+  consumers' sequence of waits; the pipeline states (stage, phase) continue across tiles in
+  both roles (:meth:`load`, :meth:`consume` and :meth:`kv_loop_overlap` return the participants
+  and the loops rebind them, so the DSL carries them; the CPU tests check no wait in the PTX
+  has a literal phase);
+* K/V: every consumer wait is followed, on the same path, by its release, so each producer
+  acquire waits for a release the consumers reach without waiting on anything the producer has
+  not issued yet;
+* Q: the producer fills Q for every tile, even one with no KV block, and the consumers wait
+  for it and release it after the KV loop on every tile (an empty tile runs no WGMMA and still
+  writes O = 0, LSE = -inf below ``seqlen_q``); the Q acquire for tile ``j`` waits for the
+  release of tile ``j - 2``, which needs only fills issued before it;
+* the consumer warpgroups' named barrier (the varlen V-row zeroing) is met by every consumer
+  warpgroup the same number of times per tile;
+* a CTA with no tile (only when ``num_tiles`` is 0: the grid is 1 then) runs zero iterations
+  in both roles; after its last tile the producer warp exits with its last loads in flight,
+  which the consumers wait for (no cluster, so no producer tail is needed).
 
-The knob ``longest_first=True`` (a default knob; 0.4-4 % over ``overlap`` alone on the causal rows
-of the benchmark) reverses the CTA -> query tile map for causal or windowed kernels
-(:func:`tile_for_block`: ``m_block = gridDim.x - 1 - blockIdx.x``), so the hardware, which launches
-CTAs in index order, starts the tiles with the most KV blocks first and fills the tail of the grid
-with the short ones (FlashAttention's LPT order, without its L2 swizzle of heads). ``m_block`` is
-set once at the top of :meth:`kernel`, so the loads, the block range, the masks and the epilogue all
-see the same tile. Without causal or a window every tile has the same work and the knob compiles to
-nothing (the same PTX as without it).
+Layouts: q, k, v, o ``[B, S, H, D]`` with unit stride on D (any other strides, e.g.
+guard-banded views), lse ``[B, H, Sq]`` float32; B, H, Sq, Sk dynamic; D static (64 or 128);
+bottom-right causal or no mask. Query head ``h`` reads kv head ``h // (Hq // Hkv)`` (GQA/MQA;
+Hq a multiple of Hkv).
 
-The knob ``smem_epilogue=True`` (a default knob; in the benchmark up to 32 % over ``overlap`` with
-``longest_first``, most at S = 1024, 1 % slower on one row) replaces the epilogue's per-element
-predicated 2-byte global stores (64 ``st.global.b16`` per thread at D = 128) by wide ones
-(:meth:`epilogue_smem`): O, normalized and converted, goes by ``stmatrix`` into the Q buffer (Q's
-layout, 128-byte swizzle, is the O tile's; no extra shared memory: 164864 bytes at D = 128, 82944 at
-D = 64, as without the knob), then without varlen one TMA store of the tile (the TMA unit clips it
-at the tensor's padded ``S``, which is then ``seqlen_q``), and with varlen (``seqused_q``: rows past
-it must stay unwritten, which a box clipped at ``S`` would not honour) 16-byte row chunks through
-registers with a row predicate. It needs ``o`` 16-byte aligned with S, H and B strides in multiples
-of 16 bytes (the adapters' launch checks). The LSE is written as before.
+Optional trailing arguments, each a compile-time choice by being None or not (``own-sm90``
+passes them for the cases that need them; ``own-sm90-full`` always passes the lengths, and the
+window bounds when a case has a window):
 
-The knob ``persistent=True`` (opt-in; run only in the benchmark, as ``overlap`` + ``persistent``:
-against ``overlap`` alone 2-9 % faster on 4 rows, equal on 1, 3-12 % slower on 3, and slower than
-the default knobs on all 8; not with ``pingpong``, whose pending arrive would pile up once per tile,
-nor with ``smem_epilogue``, whose O in Q's buffer would race the next tile's Q load: both raise
-ValueError) launches ``min(num_tiles, max_ctas)`` CTAs (at least 1; ``max_ctas`` is a host ``Int32``
-argument, the adapters pass the GPU's SM count) for the ``num_tiles = m_blocks * H * B`` query
-tiles, and each CTA walks the linear tiles ``blockIdx.x, blockIdx.x + gridDim.x, ...``
-(:meth:`run_persistent`), decoded by :func:`persistent_tile`: m_block fastest without causal or a
-window; with them longest-first (m_block descending) inside sections of (batch, head) pairs whose K
-and V fit in about 40 MB of L2 (:func:`lpt_section`; FlashAttention's LPT order), whether or not
-``longest_first`` is set. Per tile the producer warp runs :meth:`load` and the consumers
-:meth:`consume` exactly as the one-tile kernel (fresh softmax state, O and masks, the tile's own
-batch lengths under varlen), and the epilogue stores from registers. Q has 2 stages (197632 bytes of
-shared memory at D = 128, 99328 at D = 64), so the next tile's Q load overlaps this tile's tail; the
-consumers release a Q stage after the tile's KV loop. The static round-robin leaves the causal load
-imbalance of the last wave(s) and gives CTA 0 the longest tile of each wave.
-
-Why every wait of the persistent kernel has its arrive (hang-safety), on every path:
-
-* both roles compute the same tile sequence (same ``blockIdx.x``, ``gridDim.x``, tile count and
-  decode) and per tile the same block range (:func:`kv_block_range` of the same lengths and
-  window), so the producer's sequence of Q, K and V stage fills is exactly the consumers'
-  sequence of waits, tile after tile; the pipeline states (stage, phase) continue across tiles
-  in both roles (``load``, ``consume`` and ``kv_loop_overlap`` return the participants and the
-  loops rebind them, so the DSL carries them; the CPU tests check no wait in the PTX has a
-  literal phase);
-* K/V: every consumer wait is followed, on the same path, by its release (both loops, the
-  overlap's first and last block), so each producer acquire of a stage waits for a release the
-  consumers reach without waiting on anything the producer has not issued yet (it issued every
-  earlier fill first);
-* Q: the producer fills Q for every tile, even one with no KV block (empty causal row range,
-  a tile past ``seqused_q``), and the consumers wait for it and release it after the KV loop
-  on every tile, empty or not (an empty tile runs no WGMMA and still writes O = 0, LSE =
-  -inf below ``seqlen_q``); the producer's Q acquire for tile ``j`` waits for the release of
-  tile ``j - 2``, which needs only fills issued before it;
-* the consumer warpgroups' named barrier (the varlen V-row zeroing) is met by both warpgroups
-  the same number of times per tile, since both walk the same tiles and blocks;
-* a CTA with no tile (only when ``num_tiles`` is 0: the grid is 1 then) runs zero iterations in
-  both roles and waits on nothing after the barrier-init ``__syncthreads`` every thread passes;
-  after its last tile the producer warp exits with its last loads in flight, which the
-  consumers wait for (no cluster, so no producer tail is needed), and the last Q and K/V
-  releases are arrives nobody waits for.
-
-Layouts: q, k, v, o ``[B, S, H, D]`` with unit stride on D (any other strides, e.g. guard-banded
-views), lse ``[B, H, Sq]`` float32; B, H, Sq, Sk dynamic; D static (64 or 128); bottom-right
-causal or no mask. Query head ``h`` reads kv head ``h // (Hq // Hkv)`` (GQA/MQA; Hq a multiple
-of Hkv).
-
-Optional trailing arguments, each a compile-time choice by being None or not (the adapter
-``own-sm90`` passes none of them; ``own-sm90-full`` passes them; that path ran on the H200 under
-the GPU property tests, 2026-12-01, without knobs and with the default knobs):
-
-* ``seqused_q`` / ``seqused_k`` (int32 ``[B]``, both or neither): each batch's valid lengths in
-  the padded layout. Rows past ``seqused_q`` are not written (O nor LSE); a query tile past it
-  visits no KV block; keys past ``seqused_k`` are masked, KV blocks past it are not loaded, and
-  the V rows of the last partial block that lie past it (and inside the tensor: rows past the
-  tensor are zero-filled by the TMA unit) are overwritten with zeros in shared memory before the
-  ``P V`` WGMMA. ``P = 0`` times a NaN in padding would be NaN, so masking P alone is not
-  enough; the K rows need no such care, since their scores are replaced by ``-inf``.
+* ``seqused_q`` / ``seqused_k`` (int32 ``[B]``, both or neither): each batch's valid lengths
+  in the padded layout. Rows past ``seqused_q`` are not written (O nor LSE); a query tile past
+  it visits no KV block; keys past ``seqused_k`` are masked, KV blocks past it are not loaded,
+  and the V rows of the last partial block that lie past it (and inside the tensor: rows past
+  the tensor are zero-filled by the TMA unit) are overwritten with zeros in shared memory
+  before the ``P V`` WGMMA: ``P = 0`` times a NaN in padding would be NaN. The K rows need no
+  such care, since their scores are replaced by ``-inf``.
 * ``window_left`` / ``window_right`` (``Int32``, both or neither, clamped by the caller as
   kernel/common/mask.py says): a sliding window around the bottom-right diagonal; with causal
   only ``window_left`` matters. KV blocks outside the band of every row of the tile are skipped
   at both ends of the loop.
 
-Blocks inside every row's band and below ``seqlen_k`` skip the mask (the unmasked fast path); the
-diagonal, window-edge and last partial blocks are masked.
+Blocks inside every row's band and below ``seqlen_k`` skip the mask (the unmasked fast path);
+the diagonal, window-edge and last partial blocks are masked.
 
 :meth:`FlashAttentionForwardSm90.compile` builds the kernel for sm_90a on fake tensors, so a
 CPU-only machine can compile it and inspect the PTX (properties/test_own_kernels.py). The knobs
-``num_consumer_wg`` = 1 and ``tile_n`` = 64 compile too but only the adapter's configuration
-(2 consumer warpgroups, 128 x 128 tiles, 2 KV stages) is tested.
+``num_consumer_wg=1`` and ``tile_n=64`` compile too, but only the adapters' tiles are tested.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -172,11 +139,19 @@ from attention_crossval.kernel.common.host import attention_views, compile_on_fa
 from attention_crossval.kernel.common.mask import (
     apply_mask,
     block_needs_mask,
-    kv_block_range,
     padded_key_rows,
     split_by_mask,
 )
 from attention_crossval.kernel.common.softmax import OnlineSoftmax, rescale_rows
+from attention_crossval.kernel.sm90.schedule import (
+    Limits,
+    Tile,
+    key_extent,
+    persistent_grid,
+    persistent_tile,
+    tile_for_block,
+    tile_work,
+)
 
 DTYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16}
 HEAD_DIMS = (64, 128)
@@ -226,65 +201,41 @@ def acc_as_operand_a(acc: cute.Tensor) -> cute.Tensor:
     return cute.make_tensor(acc.iterator, layout)
 
 
-def tile_for_block(block_x: Int32, num_m_blocks: Int32, longest_first: bool) -> Int32:
-    """The query tile (m_block) CTA ``block_x`` of ``num_m_blocks`` computes: itself, or with
-    ``longest_first`` the reversed order, so the tiles with the most KV blocks under a causal
-    mask (the last ones) are launched first and the short ones fill the tail of the grid
-    (FlashAttention's LPT order, without its L2 swizzle of heads). A permutation of
-    ``range(num_m_blocks)``; plain arithmetic, so the CPU tests replay it on Python ints."""
-    return num_m_blocks - 1 - block_x if longest_first else block_x
+class TmaOperands(NamedTuple):
+    """Q, K and V: each one's TMA atom, its TMA view in global memory and its shared-memory
+    stages (the producer reads all three; the consumers the stages)."""
+
+    tma_q: cute.CopyAtom
+    mQ: cute.Tensor
+    sQ: cute.Tensor
+    tma_k: cute.CopyAtom
+    mK: cute.Tensor
+    sK: cute.Tensor
+    tma_v: cute.CopyAtom
+    mV: cute.Tensor
+    sV: cute.Tensor
 
 
-# persistent + longest_first: the (batch, head) pairs are walked in sections whose K and V fit
-# together in about this many bytes of L2 (FlashAttention's LPT swizzle), so that the CTAs
-# working at the same time on the long tiles of a section share their K/V through L2.
-LPT_L2_BYTES = 40 * 1024 * 1024
+class Output(NamedTuple):
+    """Where the epilogue writes: O, the LSE, and O's TMA store atom (``smem_epilogue`` without
+    varlen, else None)."""
+
+    mO: cute.Tensor
+    mLSE: cute.Tensor
+    tma_o: cute.CopyAtom | None
 
 
-def key_extent(mK: cute.Tensor, seqused_k: cute.Tensor | None) -> Int32 | None:
-    """The K/V rows when V rows past ``seqused_k`` must be zeroed (varlen), else None."""
-    return None if seqused_k is None else mK.shape[0]
+class OverlapFragments(NamedTuple):
+    """The operands and accumulators :meth:`FlashAttentionForwardSm90.kv_loop_overlap` keeps
+    across its loop: the WGMMA views of Q (its stage), K and V stages, the S and O accumulators,
+    and the score coordinates (``cS_mn`` of :meth:`FlashAttentionForwardSm90.mask_and_softmax`)."""
 
-
-def lpt_section(seqlen_k: Int32, head_dim: int, elem_bytes: int) -> Int32:
-    """How many (batch, head) pairs one longest-first section holds: as many as have their K
-    and V (``seqlen_k`` rows of ``2 * head_dim`` elements) in :data:`LPT_L2_BYTES`, at least 1.
-    Plain arithmetic (Python ints in the CPU tests); the constant is divided first, so nothing
-    overflows int32."""
-    return cutlass.max(LPT_L2_BYTES // (2 * head_dim * elem_bytes) // cutlass.max(seqlen_k, 1), 1)
-
-
-def persistent_tile(
-    tile: Int32,
-    num_m_blocks: Int32,
-    num_heads: Int32,
-    num_hb: Int32,
-    section: Int32,
-    longest_first: bool,
-) -> tuple[Int32, Int32, Int32]:
-    """``(m_block, head, batch)`` of linear tile ``tile`` (``0 <= tile < num_m_blocks *
-    num_hb``, ``num_hb = num_heads * batches``) of the persistent kernel, a bijection:
-
-    * without ``longest_first``: ``m_block`` fastest, then head, then batch (the order of the
-      non-persistent grid: consecutive tiles share their K/V);
-    * with it: sections of ``section`` consecutive (batch, head) pairs (the last one may be
-      shorter), one after the other; inside a section ``m_block`` descending (the tiles with
-      the most causal KV blocks first), the pair fastest.
-
-    Plain arithmetic on non-negative values, so the CPU tests replay it on Python ints."""
-    if longest_first:
-        section_tiles = section * num_m_blocks
-        first_hb = tile // section_tiles * section
-        rest = tile - first_hb * num_m_blocks
-        size = cutlass.min(section, num_hb - first_hb)
-        m_idx = rest // size
-        hb = first_hb + (rest - m_idx * size)
-        m_block = num_m_blocks - 1 - m_idx
-    else:
-        hb = tile // num_m_blocks
-        m_block = tile - hb * num_m_blocks
-    batch = hb // num_heads
-    return m_block, hb - batch * num_heads, batch
+    tSrQ: cute.Tensor
+    tSrK: cute.Tensor
+    tOrV: cute.Tensor
+    acc_S: cute.Tensor
+    acc_O: cute.Tensor
+    cS_mn: tuple[cute.Tensor, tuple[Int32, Int32]]
 
 
 class FlashAttentionForwardSm90:
@@ -541,16 +492,17 @@ class FlashAttentionForwardSm90:
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
+        ops = TmaOperands(tma_q, mQ, sQ, tma_k, mK, sK, tma_v, mV, sV)
+        out = Output(mO, mLSE, tma_o)
+        limits = Limits(seqused_q, seqused_k, (window_left, window_right))
         if cutlass.const_expr(self.persistent):
             self.run_persistent(
-                tma_q, mQ, sQ, tma_k, mK, sK, tma_v, mV, sV, q_load, k_load, v_load, qk_mma,
-                pv_mma, q_use, k_use, v_use, mO, mLSE, scale_log2, seqused_q, seqused_k,
-                (window_left, window_right), warp_idx, wg_idx, tidx,
+                ops, out, limits, scale_log2, qk_mma, pv_mma, (q_load, k_load, v_load),
+                (q_use, k_use, v_use), warp_idx, wg_idx, tidx,
             )  # fmt: skip
         else:
-            window = (window_left, window_right)
-            seqlen_q, seqlen_k, blocks = self.tile_work(
-                m_block, batch, mQ, mK, seqused_q, seqused_k, window
+            tile = tile_work(
+                m_block, head, batch, mQ, mK, limits, (self.tile_m, self.tile_n), self.causal
             )
             kv_head = head // (mQ.shape[2] // mK.shape[2])
             extent_k = key_extent(mK, seqused_k)
@@ -558,78 +510,25 @@ class FlashAttentionForwardSm90:
             if wg_idx == 0:
                 cute.arch.setmaxregister_decrease(self.regs_load)
                 if warp_idx == 0:
-                    self.load(
-                        tma_q,
-                        mQ,
-                        sQ,
-                        tma_k,
-                        mK,
-                        sK,
-                        tma_v,
-                        mV,
-                        sV,
-                        q_load,
-                        k_load,
-                        v_load,
-                        m_block,
-                        head,
-                        kv_head,
-                        batch,
-                        blocks[0],
-                        blocks[1],
-                    )
+                    self.load(ops, q_load, k_load, v_load, tile, kv_head)
             else:
                 cute.arch.setmaxregister_increase(self.regs_consumer)
                 self.consume(
-                    qk_mma,
-                    pv_mma,
-                    sQ,
-                    sK,
-                    sV,
-                    q_use,
-                    k_use,
-                    v_use,
-                    mO,
-                    mLSE,
-                    scale_log2,
-                    tidx - WG_THREADS,
-                    m_block,
-                    head,
-                    batch,
-                    blocks,
-                    seqlen_q,
-                    seqlen_k,
-                    extent_k,
-                    window,
-                    tma_o,
-                )
+                    qk_mma, pv_mma, ops, q_use, k_use, v_use, out, scale_log2,
+                    tidx - WG_THREADS, tile, extent_k, limits.window,
+                )  # fmt: skip
 
     @cute.jit
     def run_persistent(
         self,
-        tma_q: cute.CopyAtom,
-        mQ: cute.Tensor,
-        sQ: cute.Tensor,
-        tma_k: cute.CopyAtom,
-        mK: cute.Tensor,
-        sK: cute.Tensor,
-        tma_v: cute.CopyAtom,
-        mV: cute.Tensor,
-        sV: cute.Tensor,
-        q_load: pipeline.PipelineProducer,
-        k_load: pipeline.PipelineProducer,
-        v_load: pipeline.PipelineProducer,
+        ops: TmaOperands,
+        out: Output,
+        limits: Limits,
+        scale_log2: Float32,
         qk_mma: cute.TiledMma,
         pv_mma: cute.TiledMma,
-        q_use: pipeline.PipelineConsumer,
-        k_use: pipeline.PipelineConsumer,
-        v_use: pipeline.PipelineConsumer,
-        mO: cute.Tensor,
-        mLSE: cute.Tensor,
-        scale_log2: Float32,
-        seqused_q: cute.Tensor | None,
-        seqused_k: cute.Tensor | None,
-        window: tuple[Int32 | None, Int32 | None],
+        loads: tuple[pipeline.PipelineProducer, ...],
+        uses: tuple[pipeline.PipelineConsumer, ...],
         warp_idx: Int32,
         wg_idx: Int32,
         tidx: Int32,
@@ -638,95 +537,58 @@ class FlashAttentionForwardSm90:
         tiles ``blockIdx.x, blockIdx.x + gridDim.x, ...`` below ``num_tiles`` (none at all when
         ``blockIdx.x >= num_tiles``), decoded by :func:`persistent_tile`; per tile the producer
         runs :meth:`load` and the consumers :meth:`consume` (fresh softmax state, O and masks;
-        they release the Q stage at its end), exactly as the one-tile kernel does. The pipeline
-        participants are rebound from each call, so the DSL carries their states (stage index,
-        phase) from one tile to the next (module docstring: why every wait has its arrive)."""
-        num_m_blocks = (mQ.shape[0] + self.tile_m - 1) // self.tile_m
-        num_heads = mQ.shape[2]
-        num_hb = num_heads * mQ.shape[3]
-        num_tiles = num_m_blocks * num_hb
+        they release the Q stage at its end), exactly as the one-tile kernel does. ``loads`` and
+        ``uses`` are the Q, K and V pipeline participants of each role, rebound from each call,
+        so the DSL carries their states (stage index, phase) from one tile to the next (module
+        docstring: why every wait has its arrive)."""
+        q_load, k_load, v_load = loads
+        q_use, k_use, v_use = uses
+        mQ, mK = ops.mQ, ops.mK
         # Longest-first wherever the tiles' work differs (causal or windowed), with or without
         # the longest_first knob; uniform tiles keep the grid's natural order.
-        lpt = self.causal or window[0] is not None
-        section = num_hb
-        if cutlass.const_expr(lpt):
-            section = lpt_section(mK.shape[0], self.head_dim, self.dtype.width // 8)
+        grid = persistent_grid(
+            mQ, mK, self.tile_m, self.head_dim, self.dtype.width // 8,
+            self.causal or limits.window[0] is not None,
+        )  # fmt: skip
         first_tile = cute.arch.block_idx()[0]
         num_ctas = cute.arch.grid_dim()[0]
-        group = num_heads // mK.shape[2]  # query heads per kv head
-        extent_k = key_extent(mK, seqused_k)
+        group = grid.num_heads // mK.shape[2]  # query heads per kv head
+        extent_k = key_extent(mK, limits.seqused_k)
+        tile_shape = (self.tile_m, self.tile_n)
         if wg_idx == 0:
             cute.arch.setmaxregister_decrease(self.regs_load)
             if warp_idx == 0:
-                for tile in cutlass.range(first_tile, num_tiles, num_ctas, unroll=1):
+                for linear in cutlass.range(first_tile, grid.num_tiles, num_ctas, unroll=1):
                     m_block, head, batch = persistent_tile(
-                        tile, num_m_blocks, num_heads, num_hb, section, lpt
-                    )
-                    _, _, blocks = self.tile_work(
-                        m_block, batch, mQ, mK, seqused_q, seqused_k, window
-                    )
-                    q_load, k_load, v_load = self.load(
-                        tma_q, mQ, sQ, tma_k, mK, sK, tma_v, mV, sV, q_load, k_load, v_load,
-                        m_block, head, head // group, batch, blocks[0], blocks[1],
+                        linear, grid.num_m_blocks, grid.num_heads, grid.num_hb, grid.section,
+                        grid.longest_first,
                     )  # fmt: skip
+                    tile = tile_work(m_block, head, batch, mQ, mK, limits, tile_shape, self.causal)
+                    q_load, k_load, v_load = self.load(
+                        ops, q_load, k_load, v_load, tile, head // group
+                    )
         else:
             cute.arch.setmaxregister_increase(self.regs_consumer)
-            for tile in cutlass.range(first_tile, num_tiles, num_ctas, unroll=1):
+            for linear in cutlass.range(first_tile, grid.num_tiles, num_ctas, unroll=1):
                 m_block, head, batch = persistent_tile(
-                    tile, num_m_blocks, num_heads, num_hb, section, lpt
-                )
-                seqlen_q, seqlen_k, blocks = self.tile_work(
-                    m_block, batch, mQ, mK, seqused_q, seqused_k, window
-                )
-                q_use, k_use, v_use = self.consume(
-                    qk_mma, pv_mma, sQ, sK, sV, q_use, k_use, v_use, mO, mLSE, scale_log2,
-                    tidx - WG_THREADS, m_block, head, batch, blocks, seqlen_q, seqlen_k, extent_k,
-                    window,
+                    linear, grid.num_m_blocks, grid.num_heads, grid.num_hb, grid.section,
+                    grid.longest_first,
                 )  # fmt: skip
-
-    @cute.jit
-    def tile_work(
-        self,
-        m_block: Int32,
-        batch: Int32,
-        mQ: cute.Tensor,
-        mK: cute.Tensor,
-        seqused_q: cute.Tensor | None,
-        seqused_k: cute.Tensor | None,
-        window: tuple[Int32 | None, Int32 | None],
-    ) -> tuple[Int32, Int32, tuple[Int32, Int32, Int32, Int32]]:
-        """``(seqlen_q, seqlen_k, blocks)`` of query tile ``m_block`` of ``batch``: the tensors'
-        lengths, or the batch's ``seqused_q/k``, and :func:`kv_block_range`'s answer; the one
-        rule the producer and the consumers (one tile or persistent) both follow."""
-        seqlen_q, seqlen_k = mQ.shape[0], mK.shape[0]
-        if cutlass.const_expr(seqused_q is not None):
-            seqlen_q, seqlen_k = seqused_q[batch], seqused_k[batch]
-        blocks = kv_block_range(
-            m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal, *window
-        )
-        return seqlen_q, seqlen_k, blocks
+                tile = tile_work(m_block, head, batch, mQ, mK, limits, tile_shape, self.causal)
+                q_use, k_use, v_use = self.consume(
+                    qk_mma, pv_mma, ops, q_use, k_use, v_use, out, scale_log2,
+                    tidx - WG_THREADS, tile, extent_k, limits.window,
+                )  # fmt: skip
 
     @cute.jit
     def load(
         self,
-        tma_q: cute.CopyAtom,
-        mQ: cute.Tensor,
-        sQ: cute.Tensor,
-        tma_k: cute.CopyAtom,
-        mK: cute.Tensor,
-        sK: cute.Tensor,
-        tma_v: cute.CopyAtom,
-        mV: cute.Tensor,
-        sV: cute.Tensor,
+        ops: TmaOperands,
         q_load: pipeline.PipelineProducer,
         k_load: pipeline.PipelineProducer,
         v_load: pipeline.PipelineProducer,
-        m_block: Int32,
-        head: Int32,
+        tile: Tile,
         kv_head: Int32,
-        batch: Int32,
-        n_block_min: Int32,
-        n_block_max: Int32,
     ) -> tuple[pipeline.PipelineProducer, pipeline.PipelineProducer, pipeline.PipelineProducer]:
         """Producer warp: Q once (even for an empty tile, the consumers wait for it), then K and
         V of kv head ``kv_head``, blocks ``n_block_max - 1`` down to ``n_block_min``, in the
@@ -735,6 +597,9 @@ class FlashAttentionForwardSm90:
         stage is refilled without first waiting for the V release of the step before. Rows past
         the tensor's end are zero-filled by the TMA unit (the box is clipped to its extent).
         Returns the three producers (advanced), for the persistent loop to carry."""
+        tma_q, mQ, sQ, tma_k, mK, sK, tma_v, mV, sV = ops
+        m_block, head, batch = tile.m_block, tile.head, tile.batch
+        n_block_min, n_block_max = tile.blocks[0], tile.blocks[1]
         gQ = cute.local_tile(mQ[None, None, head, batch], (self.tile_m, self.head_dim), (None, 0))
         gK = cute.local_tile(
             mK[None, None, kv_head, batch], (self.tile_n, self.head_dim), (None, 0)
@@ -794,33 +659,23 @@ class FlashAttentionForwardSm90:
         self,
         qk_mma: cute.TiledMma,
         pv_mma: cute.TiledMma,
-        sQ: cute.Tensor,
-        sK: cute.Tensor,
-        sV: cute.Tensor,
+        ops: TmaOperands,
         q_use: pipeline.PipelineConsumer,
         k_use: pipeline.PipelineConsumer,
         v_use: pipeline.PipelineConsumer,
-        mO: cute.Tensor,
-        mLSE: cute.Tensor,
+        out: Output,
         scale_log2: Float32,
         tidx: Int32,
-        m_block: Int32,
-        head: Int32,
-        batch: Int32,
-        blocks: tuple[Int32, Int32, Int32, Int32],
-        seqlen_q: Int32,
-        seqlen_k: Int32,
+        tile: Tile,
         extent_k: Int32 | None,
         window: tuple[Int32 | None, Int32 | None],
-        tma_o: cute.CopyAtom | None = None,
     ) -> tuple[pipeline.PipelineConsumer, pipeline.PipelineConsumer, pipeline.PipelineConsumer]:
         """Consumer warpgroups: the KV loop (QK^T, mask, online softmax, rescale, PV), then
         (``persistent``) the release of the Q stage, then the epilogue; returns the three
         consumers (advanced), for the persistent loop to carry. ``tidx`` counts from the first
-        consumer thread; ``blocks`` is :func:`kv_block_range`'s answer; ``extent_k`` (varlen
-        only) the rows of the K/V tensors; ``tma_o`` the TMA store atom of ``mO``
-        (``smem_epilogue``, not varlen)."""
-        n_block_min, n_block_max, n_unmasked_min, n_unmasked_max = blocks
+        consumer thread; ``extent_k`` (varlen only) is the rows of the K/V tensors."""
+        sQ, sK, sV = ops.sQ, ops.sK, ops.sV
+        n_block_min, n_block_max = tile.blocks[0], tile.blocks[1]
         qk_thr = qk_mma.get_slice(tidx)
         pv_thr = pv_mma.get_slice(tidx)
         # The shared-memory operands (WGMMA descriptors) depend only on the warpgroup: sliced
@@ -850,28 +705,18 @@ class FlashAttentionForwardSm90:
 
         q_handle = q_use.wait_and_advance()
         if cutlass.const_expr(self.overlap):
-            k_use, v_use = self.kv_loop_overlap(
-                qk_mma,
-                pv_mma,
+            fragments = OverlapFragments(
                 tSrQ[None, None, None, q_handle.index],
                 tSrK,
                 tOrV,
-                sV,
-                k_use,
-                v_use,
                 qk_thr.make_fragment_C(acc_S_shape),
                 acc_O,
                 cS_mn,
-                softmax,
-                alpha,
-                tidx,
-                m_block,
-                blocks,
-                seqlen_q,
-                seqlen_k,
-                extent_k,
-                window,
             )
+            k_use, v_use = self.kv_loop_overlap(
+                qk_mma, pv_mma, fragments, sV, k_use, v_use, softmax, alpha, tidx, tile,
+                extent_k, window,
+            )  # fmt: skip
         else:
             for i in cutlass.range(n_block_max - n_block_min, unroll=1):
                 n_block = n_block_max - 1 - i
@@ -883,24 +728,13 @@ class FlashAttentionForwardSm90:
                 warpgroup.wait_group(0)
                 k_handle.release()
 
-                self.mask_and_softmax(
-                    acc_S,
-                    cS_mn,
-                    softmax,
-                    alpha,
-                    n_block,
-                    m_block,
-                    blocks,
-                    seqlen_q,
-                    seqlen_k,
-                    window,
-                )
+                self.mask_and_softmax(acc_S, cS_mn, softmax, alpha, n_block, tile, window)
                 rescale_rows(acc_O_mn, alpha)
                 rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
                 rP.store(acc_S.load().to(self.dtype))
 
                 v_handle = v_use.wait_and_advance()
-                self.guard_v_padding(sV, v_handle.index, n_block, seqlen_k, extent_k, tidx)
+                self.guard_v_padding(sV, v_handle.index, n_block, tile.seqlen_k, extent_k, tidx)
                 pv_mma = self.pv_gemm(pv_mma, acc_O, acc_as_operand_a(rP), tOrV, v_handle.index)
                 warpgroup.wait_group(0)
                 v_handle.release()
@@ -911,12 +745,9 @@ class FlashAttentionForwardSm90:
             # empty tile issued none. The producer may now load a later tile's Q into it.
             q_handle.release()
         if cutlass.const_expr(self.smem_epilogue):
-            self.epilogue_smem(
-                softmax, acc_O, pv_mma, tma_o, sQ[None, None, 0], mO, mLSE, tidx, m_block, head,
-                batch, seqlen_q,
-            )  # fmt: skip
+            self.epilogue_smem(softmax, acc_O, pv_mma, sQ[None, None, 0], out, tidx, tile)
         else:
-            self.epilogue(softmax, acc_O, pv_thr, mO, mLSE, tidx, m_block, head, batch, seqlen_q)
+            self.epilogue(softmax, acc_O, pv_thr, out, tidx, tile)
         return q_use, k_use, v_use
 
     @cute.jit
@@ -924,22 +755,14 @@ class FlashAttentionForwardSm90:
         self,
         qk_mma: cute.TiledMma,
         pv_mma: cute.TiledMma,
-        tSrQ: cute.Tensor,
-        tSrK: cute.Tensor,
-        tOrV: cute.Tensor,
+        fragments: OverlapFragments,
         sV: cute.Tensor,
         k_use: pipeline.PipelineConsumer,
         v_use: pipeline.PipelineConsumer,
-        acc_S: cute.Tensor,
-        acc_O: cute.Tensor,
-        cS_mn: tuple[cute.Tensor, tuple[Int32, Int32]],
         softmax: OnlineSoftmax,
         alpha: cute.Tensor,
         tidx: Int32,
-        m_block: Int32,
-        blocks: tuple[Int32, Int32, Int32, Int32],
-        seqlen_q: Int32,
-        seqlen_k: Int32,
+        tile: Tile,
         extent_k: Int32 | None,
         window: tuple[Int32 | None, Int32 | None],
     ) -> tuple[pipeline.PipelineConsumer, pipeline.PipelineConsumer]:
@@ -963,7 +786,9 @@ class FlashAttentionForwardSm90:
         (and zeroes V padding) first, then takes its turn to issue both GEMMs (module
         docstring). Returns ``k_use`` and ``v_use`` as this function's regions left them (the
         DSL rebinds the names here, not the caller's objects), for the persistent loop."""
-        n_block_min, n_block_max, n_unmasked_min, n_unmasked_max = blocks
+        tSrQ, tSrK, tOrV, acc_S, acc_O, cS_mn = fragments
+        n_block_min, n_block_max, n_unmasked_min, n_unmasked_max = tile.blocks
+        seqlen_k = tile.seqlen_k
         acc_O_mn = acc_rows_cols(acc_O)
         rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
         tOrP = acc_as_operand_a(rP)
@@ -979,10 +804,7 @@ class FlashAttentionForwardSm90:
             qk_mma = self.qk_gemm(qk_mma, acc_S, tSrQ, tSrK, k_handle.index)
             warpgroup.wait_group(0)
             k_handle.release()
-            self.mask_and_softmax(
-                acc_S, cS_mn, softmax, alpha, n_block_max - 1, m_block, blocks, seqlen_q,
-                seqlen_k, window,
-            )  # fmt: skip
+            self.mask_and_softmax(acc_S, cS_mn, softmax, alpha, n_block_max - 1, tile, window)
             rP.store(acc_S.load().to(self.dtype))
         # The other blocks, hi - 1 down to n_block_min, in three loops so that no branch on the
         # mask sits between wait_group(1) and wait_group(0) (ptxas schedules the wait to the
@@ -1017,10 +839,7 @@ class FlashAttentionForwardSm90:
                     )
                 warpgroup.wait_group(1)
                 k_handle.release()
-                self.mask_and_softmax(
-                    acc_S, cS_mn, softmax, alpha, n_block, m_block, blocks, seqlen_q, seqlen_k,
-                    window, masked,
-                )  # fmt: skip
+                self.mask_and_softmax(acc_S, cS_mn, softmax, alpha, n_block, tile, window, masked)
                 warpgroup.wait_group(0)
                 v_handle.release()
                 rescale_rows(acc_O_mn, alpha)
@@ -1079,10 +898,7 @@ class FlashAttentionForwardSm90:
         softmax: OnlineSoftmax,
         alpha: cute.Tensor,
         n_block: Int32,
-        m_block: Int32,
-        blocks: tuple[Int32, Int32, Int32, Int32],
-        seqlen_q: Int32,
-        seqlen_k: Int32,
+        tile: Tile,
         window: tuple[Int32 | None, Int32 | None],
         masked: cutlass.Constexpr[bool | None] = None,
     ) -> None:
@@ -1094,16 +910,18 @@ class FlashAttentionForwardSm90:
         acc_S_mn = acc_rows_cols(acc_S)
         needs_mask = masked
         if cutlass.const_expr(masked is None):
-            needs_mask = block_needs_mask(n_block, blocks[2], blocks[3], window[0] is not None)
+            needs_mask = block_needs_mask(
+                n_block, tile.blocks[2], tile.blocks[3], window[0] is not None
+            )
         if needs_mask:
             coords, (row_shift, col_shift) = cS_mn
             apply_mask(
                 acc_S_mn,
                 coords,
-                m_block * self.tile_m + row_shift,
+                tile.m_block * self.tile_m + row_shift,
                 n_block * self.tile_n + col_shift,
-                seqlen_q,
-                seqlen_k,
+                tile.seqlen_q,
+                tile.seqlen_k,
                 self.causal,
                 *window,
             )
@@ -1144,15 +962,13 @@ class FlashAttentionForwardSm90:
         softmax: OnlineSoftmax,
         acc_O: cute.Tensor,
         pv_thr: cute.core.ThrMma,
-        mO: cute.Tensor,
-        mLSE: cute.Tensor,
+        out: Output,
         tidx: Int32,
-        m_block: Int32,
-        head: Int32,
-        batch: Int32,
-        seqlen_q: Int32,
+        tile: Tile,
     ) -> None:
         """``O / row_sum`` to global memory and the LSE, rows below ``seqlen_q`` only."""
+        mO, mLSE = out.mO, out.mLSE
+        m_block, head, batch, seqlen_q = tile.m_block, tile.head, tile.batch, tile.seqlen_q
         acc_O_mn = acc_rows_cols(acc_O)
         num_rows = cute.size(acc_O_mn, mode=[0])
         inv_sum = cute.make_rmem_tensor(cute.make_layout(num_rows), Float32)
@@ -1186,25 +1002,20 @@ class FlashAttentionForwardSm90:
         softmax: OnlineSoftmax,
         acc_O: cute.Tensor,
         pv_mma: cute.TiledMma,
-        tma_o: cute.CopyAtom | None,
         sO: cute.Tensor,
-        mO: cute.Tensor,
-        mLSE: cute.Tensor,
+        out: Output,
         tidx: Int32,
-        m_block: Int32,
-        head: Int32,
-        batch: Int32,
-        seqlen_q: Int32,
+        tile: Tile,
     ) -> None:
         """``smem_epilogue``: ``O / row_sum`` in the input dtype into the Q buffer ``sO`` by
         ``stmatrix`` (16-byte rows of 8 x 8 blocks; the 128-byte swizzle puts a block's 8 rows
         in 8 different bank groups), the two warpgroups meet, then
 
-        * ``tma_o`` given (not varlen): the first consumer thread issues one TMA store of the
+        * ``out.tma_o`` given (not varlen): the first consumer thread issues one TMA store of the
           whole ``tile_m x D`` tile, clipped by the TMA unit at the tensor's row extent (the
           padded ``S``, which is ``seqlen_q`` here), and waits until the TMA unit has read the
           buffer (the CTA must not exit before);
-        * ``tma_o`` None (varlen: rows past ``seqused_q`` must stay unwritten, which a TMA box
+        * ``out.tma_o`` None (varlen: rows past ``seqused_q`` must stay unwritten, which a TMA box
           clipped at ``S`` would not honour): every consumer thread copies 16-byte chunks from
           ``sO`` to global memory, one row per chunk, only rows below ``seqlen_q``.
 
@@ -1213,6 +1024,8 @@ class FlashAttentionForwardSm90:
         MMAs tile M by warpgroup), all of them are complete (``wait_group(0)``) before its
         epilogue, and it writes only its own 64 rows of ``sO``. The generic-proxy writes are
         fenced for the async proxy (the TMA store) before the barrier."""
+        mO, mLSE, tma_o = out
+        m_block, head, batch, seqlen_q = tile.m_block, tile.head, tile.batch, tile.seqlen_q
         acc_O_mn = acc_rows_cols(acc_O)
         num_rows = cute.size(acc_O_mn, mode=[0])
         inv_sum = cute.make_rmem_tensor(cute.make_layout(num_rows), Float32)
