@@ -53,6 +53,8 @@ _PAGE_TAIL = ("padding-read", set(), {"paged"})  # pages of 128 keys, H200 2026-
 _HIDING = {"explicit", "window", "varlen"}
 # flash-attn-cute, H200 2026-12-01: window-hidden keys read; a dominant sink overflows
 _FA_SURFACE = [("hidden-nan", {"window"}, set()), ("nonfinite", set(), {"sink"})]
+# flash-attn-cute, H200 2026-12-02: pages of one key give a wrong, nondeterministic O
+_ONE_KEY_PAGES = [("determinism", set(), {"paged"}), ("bound", set(), {"paged"})]
 DECLARED = {
     "sdpa-math": [_NAN, _NAN_BACKWARD],
     "sdpa-efficient": [_NAN, _NAN_BACKWARD],
@@ -63,9 +65,20 @@ DECLARED = {
         ("backward nonfinite", _HIDING, set()),
         _NAN_BACKWARD,
     ],
-    "flash-attn-cute": [_NAN, _PAGE_TAIL, *_FA_SURFACE, _NAN_BACKWARD],
-    "flash-attn-cute-deterministic": [_NAN, _PAGE_TAIL, *_FA_SURFACE, _NAN_BACKWARD],
-    "flex-attention": [_NAN, ("hidden-nan", {"explicit"}, set())],  # H200 2026-12-01
+    "flash-attn-cute": [_NAN, _PAGE_TAIL, *_ONE_KEY_PAGES, *_FA_SURFACE, _NAN_BACKWARD],
+    "flash-attn-cute-deterministic": [
+        _NAN,
+        _PAGE_TAIL,
+        *_ONE_KEY_PAGES,
+        *_FA_SURFACE,
+        _NAN_BACKWARD,
+    ],
+    # H200: explicit masks 2026-12-01, windows 2026-12-02
+    "flex-attention": [
+        _NAN,
+        ("hidden-nan", {"explicit"}, set()),
+        ("hidden-nan", {"window"}, set()),
+    ],
 }
 
 
@@ -80,7 +93,8 @@ def test_builtin_known_findings_are_declared_and_triggerable(name: str) -> None:
     for known in spec.known_findings:
         assert known.mask_kinds <= spec.mask_kinds and known.features <= spec.surface_features
         checks = adapter.backward_checks if known.backward else adapter.checks
-        assert known.check in checks or known.check in ("empty-rows", "zero-grad")  # always on
+        always_on = ("empty-rows", "zero-grad", "bound", "lse")  # the reference checks
+        assert known.check in checks or known.check in always_on
         case = trigger_case(spec, known)
         assert spec.unsupported(case) is None
         assert known.applies(case)
