@@ -12,8 +12,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from hypothesis import assume, find, given, settings
-from hypothesis import strategies as st
+from hypothesis import assume, find, given, seed
 
 from attention_crossval.kernel.broken.cpu_backward_faults import EXPECTED, BrokenBackwardAdapter
 from attention_crossval.kernel.harness import CheckFailed, IsolatedKernel
@@ -32,6 +31,8 @@ from attention_crossval.properties.kernels_under_test import (
     kernel_param,
 )
 from attention_crossval.properties.strategies import backward_cases
+from attention_crossval.properties.test_kernels import _settings_for
+from attention_crossval.pytest_plugin import kernel_seed
 from attention_crossval.reference.case import AttentionCase, CausalAlignment, Mask
 from attention_crossval.reference.gradients import BackwardCase, Gradients
 from attention_crossval.reference.precision import StreamingPrecision
@@ -51,29 +52,45 @@ def _close_workers():
     close_workers()
 
 
-@settings(max_examples=10)
-@given(data=st.data())
-def test_kernel_backward_passes_every_check(
-    kernel: str, data: st.DataObject, request: pytest.FixtureRequest
-) -> None:
-    """Every generated backward case inside the kernel's declaration passes every check."""
+# Key blocks the longest drawn case spans (plus one key): lengths cluster at the tile edges below
+# it, so three or more blocks (where a dQ summed out of order shows in its bits) are common.
+BACKWARD_KEY_BLOCKS = 8
+
+
+def backward_max_len(spec: KernelSpec) -> int:
+    """The longest Sq / Sk drawn for ``spec``'s backward: eight K tiles and one key."""
+    return min(BACKWARD_KEY_BLOCKS * spec.tile_n + 1, spec.max_seqlen)
+
+
+def test_kernel_backward_passes_every_check(kernel: str, request: pytest.FixtureRequest) -> None:
+    """Every generated backward case inside the kernel's declaration passes every check; as many
+    cases as the forward's free test draws (the profile's count, :func:`_settings_for`), seeded
+    for the kernel from the run's seed."""
     adapter = kernel_adapter(kernel)
-    if not adapter.spec.backward:
-        pytest.skip(f"{kernel} declares no backward")
     spec = adapter.spec
+    if not spec.backward:
+        pytest.skip(f"{kernel} declares no backward")
     cpu = spec.device == "cpu"
-    # Two K tiles plus one key: the last-block, rescale and tile-edge paths, while an exact dK/dV
-    # column (which needs every row that sees its key) stays within a few seconds.
-    case = data.draw(backward_cases(spec=spec, max_len=2 * spec.tile_n + 1), label="case")
-    verdict = run_backward_with_known(
-        adapter,
-        case,
-        samples=1 if cpu else 2,
-        finding_dir=request.config.getoption("--report-dir"),
-    )
-    assume(verdict.skipped is None)  # declined at run time (e.g. an SDPA backend's refusal)
-    xfail_if_known(verdict, spec, case.forward, backward=True)  # in Hypothesis: rejected
-    verdict.raise_for()
+    # A CPU kernel's references run on the same two cores: up to two heads (GQA 2:1 included)
+    # halve the cost of the long cases.
+    strategy = backward_cases(spec=spec, max_len=backward_max_len(spec), max_heads=2 if cpu else 4)
+
+    @_settings_for(spec)
+    @given(case=strategy)
+    def check(case: BackwardCase) -> None:
+        __tracebackhide__ = True  # pytest would print the case's arrays as this frame's argument
+        verdict = run_backward_with_known(
+            adapter,
+            case,
+            samples=1 if cpu else 2,
+            finding_dir=request.config.getoption("--report-dir"),
+        )
+        assume(verdict.skipped is None)  # declined at run time (e.g. an SDPA backend's refusal)
+        xfail_if_known(verdict, spec, case.forward, backward=True)  # in Hypothesis: rejected
+        verdict.raise_for()
+
+    derived = kernel_seed(request.config, kernel)
+    (check if derived is None else seed(derived)(check))()
 
 
 def _case(dtype: type = np.float16, *, Hq: int = 4, Hkv: int = 2, D: int = 16) -> BackwardCase:
