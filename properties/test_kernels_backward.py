@@ -14,7 +14,12 @@ import numpy as np
 import pytest
 from hypothesis import assume, find, given, seed
 
-from attention_crossval.kernel.broken.cpu_backward_faults import EXPECTED, BrokenBackwardAdapter
+from attention_crossval.kernel.broken.cpu_backward_faults import (
+    EXPECTED,
+    BrokenBackwardAdapter,
+    trigger_case,
+)
+from attention_crossval.kernel.broken.cpu_backward_faults import sample_case as _case
 from attention_crossval.kernel.harness import CheckFailed, IsolatedKernel
 from attention_crossval.kernel.harness_backward import (
     fill_backward_padding,
@@ -30,7 +35,7 @@ from attention_crossval.properties.kernels_under_test import (
     kernel_adapter,
     kernel_param,
 )
-from attention_crossval.properties.strategies import backward_cases
+from attention_crossval.properties.strategies import backward_cases, spec_features
 from attention_crossval.properties.test_kernels import _settings_for
 from attention_crossval.pytest_plugin import kernel_seed
 from attention_crossval.reference.case import AttentionCase, CausalAlignment, Mask
@@ -72,8 +77,15 @@ def test_kernel_backward_passes_every_check(kernel: str, request: pytest.Fixture
         pytest.skip(f"{kernel} declares no backward")
     cpu = spec.device == "cpu"
     # A CPU kernel's references run on the same two cores: up to two heads (GQA 2:1 included)
-    # halve the cost of the long cases.
-    strategy = backward_cases(spec=spec, max_len=backward_max_len(spec), max_heads=2 if cpu else 4)
+    # halve the cost of the long cases, and no long decodes (a few queries over 4096+ keys, where
+    # a dQ accumulated in 16 bits drifts over many K blocks), which cost seconds each there.
+    long_decode = not cpu and "long_decode" in spec_features(spec)
+    strategy = backward_cases(
+        spec=spec,
+        max_len=backward_max_len(spec),
+        max_heads=2 if cpu else 4,
+        features=("long_decode",) if long_decode else (),
+    )
 
     @_settings_for(spec)
     @given(case=strategy)
@@ -93,29 +105,30 @@ def test_kernel_backward_passes_every_check(kernel: str, request: pytest.Fixture
     (check if derived is None else seed(derived)(check))()
 
 
-def _case(dtype: type = np.float16, *, Hq: int = 4, Hkv: int = 2, D: int = 16) -> BackwardCase:
-    """GQA, varlen (padded rows and keys, five K tiles of 16), causal: every bug shows. dQ's
-    summation order shows in its bits only when they are not rounded to 16 bits: ``atomic_dq``
-    runs on float32."""
-    rng = np.random.default_rng(5)
-    B, Sq, Sk = 2, 20, 70
-    q, k, v = (rng.standard_normal((B, S, H, D)) for S, H in ((Sq, Hq), (Sk, Hkv), (Sk, Hkv)))
-    mask = Mask(causal=True, q_lengths=(20, 5), k_lengths=(70, 19))
-    forward = AttentionCase(*(a.astype(dtype) for a in (q, k, v)), mask=mask)
-    do = rng.standard_normal((B, Sq, Hq, D)).astype(dtype)
-    return BackwardCase(forward, do)
-
-
-def _trigger(bug: str) -> BackwardCase:
-    return _case(np.float32) if bug == "atomic_dq" else _case()
+# Caught only by a dq bound that does not grow with the dS K terms that cancel (issue 26): the
+# bound derived so far leaves its error inside the bound on the trigger case.
+NEEDS_A_TIGHTER_DQ_BOUND = frozenset({"dq_16bit_accumulator"})
 
 
 @pytest.mark.cpu
-@pytest.mark.parametrize("bug", sorted(set(EXPECTED) - {"none", "exit"}))
+@pytest.mark.parametrize(
+    "bug",
+    [
+        pytest.param(
+            bug,
+            marks=[pytest.mark.xfail(strict=True, reason="needs the shift-invariant dq bound")]
+            if bug in NEEDS_A_TIGHTER_DQ_BOUND
+            else [],
+        )
+        for bug in sorted(set(EXPECTED) - {"none", "exit"})
+    ],
+)
 def test_broken_backward_is_caught_by_exactly_its_checks(bug: str) -> None:
-    """Each deliberately broken backward fails exactly its named checks, and raise_for names
-    them; the unbroken one passes the same case."""
-    verdict = run_backward_case(BrokenBackwardAdapter(bug), _trigger(bug), samples=1)
+    """Each deliberately broken backward fails exactly its named checks on its trigger case,
+    and raise_for names them; the unbroken one passes the same case."""
+    case = trigger_case(bug)
+    run_backward_case(BrokenBackwardAdapter("none"), case, samples=1).raise_for()
+    verdict = run_backward_case(BrokenBackwardAdapter(bug), case, samples=1)
     assert {f.check for f in verdict.findings} == EXPECTED[bug], verdict.findings
     for check in EXPECTED[bug]:
         with pytest.raises(CheckFailed, match=f"^{check}:"):
@@ -169,7 +182,7 @@ def test_nondeterministic_backward_is_reported_not_failed() -> None:
     run-to-run differences are reported."""
     adapter = BrokenBackwardAdapter("atomic_dq")
     adapter.spec = dataclasses.replace(adapter.spec, backward_deterministic=False)
-    verdict = run_backward_case(adapter, _trigger("atomic_dq"), samples=1, repeats=3)
+    verdict = run_backward_case(adapter, trigger_case("atomic_dq"), samples=1, repeats=3)
     verdict.raise_for()
     assert not verdict.run_to_run.required
     assert verdict.run_to_run.differing > 0 and verdict.run_to_run.max_abs_diff > 0
