@@ -16,7 +16,9 @@ import pytest
 from hypothesis import given, target
 from hypothesis import strategies as st
 
+from attention_crossval.properties.mutants import Mutation, mutated_module
 from attention_crossval.properties.strategies import (
+    DISTRIBUTIONS,
     GRADIENT_DISTRIBUTIONS,
     backward_cases,
     build_do,
@@ -31,6 +33,7 @@ from attention_crossval.reference.streaming_backward import streaming_backward
 from attention_crossval.report.configs import Config
 
 pytestmark = pytest.mark.cpu
+MODULE = "attention_crossval.reference.streaming_backward"
 
 GRADS = ("dq", "dk", "dv")
 CHAINS = (
@@ -292,3 +295,100 @@ def test_argument_validation() -> None:
         backward_error_bound(case, precision, dataclasses.replace(reference, dk=reference.dq))
     with pytest.raises(ValueError, match="block_n"):
         backward_error_bound(case, precision, reference, block_n=0)
+
+
+# --- dq under a common key shift (docs/backward.md, "dq: the errors common to a row") ----------
+
+SHIFTABLE = tuple(name for name in DISTRIBUTIONS if name != "huge")  # huge keys would overflow
+
+
+def shifted_keys(case: BackwardCase, shift: np.ndarray) -> BackwardCase:
+    """``case`` with every key moved by ``shift`` (``[D]``) and rounded to the case's dtype. In
+    exact arithmetic the shift adds ``q_i . shift`` to a whole row of scores (P is unchanged)
+    and moves dq by ``scale dlse_i shift`` only, since ``sum_j dS_ij = dlse_i``."""
+    f = case.forward
+    k = (f.k.astype(np.float64) + shift).astype(f.k.dtype)
+    forward = dataclasses.replace(f, k=k, label=f"{f.label} keys+{np.abs(shift).max():g}")
+    return BackwardCase(forward, case.do, case.dlse, label=f"{case.label} keys shifted")
+
+
+@st.composite
+def shifted_key_cases(draw: st.DrawFn) -> BackwardCase:
+    """Backward cases (every mask kind, GQA, dlse, dO distribution) whose keys share a common
+    component of 4 to 64 in every coordinate, with random signs."""
+    case = draw(backward_cases(max_len=32, max_heads=4, distributions=SHIFTABLE))
+    D = case.forward.D
+    signs = draw(st.lists(st.sampled_from([1.0, -1.0]), min_size=D, max_size=D))
+    return shifted_keys(case, 2.0 ** draw(st.integers(2, 6)) * np.array(signs))
+
+
+@given(shifted_key_cases(), st.sampled_from(CHAINS), st.sampled_from([4, 16]))
+def test_shifted_keys_stay_within_bound(case: BackwardCase, name: str, block_n: int) -> None:
+    """Keys with a large common component: each correct chain stays within its bound against
+    the exact tier (the project's certified oracle), dq above all, whose row-common terms
+    (docs/backward.md) are where a shift could hide an unsound cancellation."""
+    got, exact, bounds = emulate(case, chain(case.forward.dtype, name), block_n)
+    for grad, fraction in bound_fractions(got, exact, bounds).items():
+        assert np.all(fraction <= 1), f"{grad} {name} block_n={block_n} {case.label}"
+        finite = fraction[np.isfinite(getattr(bounds, grad))]
+        target(float(finite.max(initial=0)), label=f"shifted keys {grad} err / bound")
+
+
+def test_common_key_shift_grows_a_correct_chains_dq_error() -> None:
+    """No dq bound can be invariant to a common key shift: the FlashAttention fp16 chain's dq
+    error grows with it (the D error from the 16-bit O times the mean key, and the 16-bit dS's
+    rounding errors times the shift do not cancel), past the bound of the unshifted case,
+    while staying within the shifted case's own bound."""
+    rng = np.random.default_rng(0)
+    S, D = 128, 32
+    q, v, do = (rng.standard_normal((1, S, 1, D)).astype(np.float16) for _ in range(3))
+    keys = np.round(rng.standard_normal((1, S, 1, D)) * 4) / 4  # a grid the shift keeps exact
+    shift = 64 * rng.choice([-1.0, 1.0], size=D)
+    base = BackwardCase(AttentionCase(q, keys.astype(np.float16), v), do)
+    moved = shifted_keys(base, shift)
+    assert np.array_equal(moved.forward.k.astype(np.float64), keys + shift)
+    precision = chain("float16", "flash")
+    base_exact = exact_backward(base)
+    unshifted_bound = backward_error_bound(base, precision, base_exact.as_gradients()).dq
+    got, exact, bounds = emulate(moved, precision, 64)
+    assert np.allclose(exact.dq, base_exact.dq, rtol=1e-12, atol=1e-12 * np.abs(exact.dq).max())
+    error = np.abs(got.dq - exact.dq)
+    assert (error > unshifted_bound).any()
+    assert bound_fractions(got, exact, bounds)["dq"].max() <= 1
+
+
+DQ_16_BIT = "dQ[rows] = round_to(dQ[rows] + dS_mma @ K, fwd.dtype)"  # after each K block's add
+
+
+def swamped_dq_case(dtype: str, n_keys: int, middle: float) -> BackwardCase:
+    """One query row over ``n_keys`` keys with equal scores (P = 1/n_keys), whose dq_0 =
+    scale sum_j dS_j k_j0 is a sum of small terms of one sign (``middle / n_keys`` each) between
+    a first key's +1/n_keys and a last key's -1/n_keys: a 16-bit accumulator holds about
+    1/n_keys after the first K block, and a block's small terms below half its ulp are lost."""
+    D = 16
+    q, do = np.zeros((1, 1, 1, D)), np.zeros((1, 1, 1, D))
+    k, v = np.zeros((1, n_keys, 1, D)), np.zeros((1, n_keys, 1, D))
+    q[..., 1] = do[..., 0] = 1.0  # no key has a component along q: equal scores
+    sign = np.where(np.arange(n_keys) % 2 == 0, 1.0, -1.0)
+    v[0, :, 0, 0], k[0, :, 0, 0] = sign / 16, sign * middle * 16  # dS_j k_j0 = middle / n_keys
+    v[0, [0, -1], 0, 0], k[0, [0, -1], 0, 0] = (1.0, -1.0), 1.0
+    cast = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    return BackwardCase(AttentionCase(*(x.astype(cast) for x in (q, k, v))), do.astype(cast))
+
+
+@pytest.mark.parametrize(
+    ("dtype", "block_n", "middle"), [("bfloat16", 128, 2.0**-15), ("float16", 64, 2.0**-17)]
+)
+def test_16_bit_dq_accumulator_is_flagged(dtype: str, block_n: int, middle: float) -> None:
+    """1024 keys: the FlashAttention chain with dQ accumulated in the input dtype across K blocks
+    exceeds the dq bound (the lost terms are several times the bound), the fp32 accumulator
+    stays well within it."""
+    case = swamped_dq_case(dtype, 1024, middle)
+    precision = chain(dtype, "flash")
+    exact = exact_backward(case)
+    bounds = backward_error_bound(case, precision, exact.as_gradients(), block_n=block_n)
+    mutant = mutated_module(MODULE, [Mutation(MODULE, "dQ[rows] += dS_mma @ K", DQ_16_BIT)], "dq16")
+    for backward, flagged in ((streaming_backward, False), (mutant.streaming_backward, True)):
+        got = backward(case, precision, block_m=16, block_n=block_n)
+        worst = bound_fractions(got, exact, bounds)["dq"].max()
+        assert (worst > 2) if flagged else (worst < 0.1), (backward.__module__, worst)

@@ -65,6 +65,7 @@ from attention_crossval.reference.precision import LN_2, LOG2_E, BackwardPrecisi
 
 GRADIENTS = ("dq", "dk", "dv")
 _ROW_CHUNK_ELEMENTS = 1 << 18  # rows x keys per chunk: ~20 float64 arrays of it live
+_FLOAT64_ALLOWANCE = EVALUATION_SLACK - 1  # float64 error of a signed sum, per unit of |terms|
 
 
 @dataclass(frozen=True, eq=False)
@@ -278,36 +279,55 @@ def _add_chunk(
     lse2 = np.where(live_rows[:, None], c * m + np.log2(l), 0)  # LSE2 = LSE log2(e)
     o = p @ v
     d = (do * o).sum(axis=1, keepdims=True) - np.asarray(dlse).reshape(-1, 1)  # D'
-    r = np.abs(do @ v.T - d)  # |g - D'|
+    g_minus_d = do @ v.T - d  # g - D'
+    r = np.abs(g_minus_d)
+    abs_do = np.abs(do)
+    abs_g = abs_do @ np.abs(v).T  # >= |g|
     beta_o_rows = np.where(live_rows[:, None], beta_o[b, rows, h], 0)
     beta_l_rows = np.where(live_rows, beta_l[b, h, rows], 0)[:, None]
     D, Dv = f.D, f.Dv
-    # dt: the exp2 argument's error (S by MMA, c and LSE2 rounded, the FMA, the forward's LSE).
-    arg = c * gamma(D, chain.u_m) * (1 + u) * (np.abs(q) @ np.abs(k).T)
-    arg += u * c * np.abs(s) + 2 * u * np.abs(lse2) + LOG2_E * beta_l_rows * (1 + 2 * u)
-    dt = (1 + u) * arg + u * np.abs(c * s - lse2)
-    w = np.where(seen, p * np.expm1(LN_2 * dt + 2 * chain.eps) + chain.ftz, 0)
-    w_p = np.where(seen, w + chain.u_p * (p + w) + chain.half_sub_p, 0)
-    e_g = gamma(Dv, chain.u_m) * (np.abs(do) @ np.abs(v).T)
-    abs_do = np.abs(do)
+    # The exp2 argument's error, split into the part common to the row (the LSE's error, the
+    # rounding of LSE2 and of c times the row max) and the pair's own (S by MMA, c times s - m,
+    # the FMA): P^ = P 2^(a_i) 2^(b_ij) (1 + exp2's error), so P^ - P = alpha_i P + pi_ij.
+    dt_row = u * c * np.abs(m) + 2 * u * np.abs(lse2) + LOG2_E * beta_l_rows * (1 + 2 * u)
+    dt_pair = (1 + u) * c * (gamma(D, chain.u_m) * (1 + u) * (np.abs(q) @ np.abs(k).T))
+    dt_pair += (1 + u) * u * c * np.abs(s - m) + u * dt_row + u * np.abs(c * s - lse2)
+    omega = np.expm1(LN_2 * dt_row)  # >= |alpha_i|, [rows, 1]
+    pi = p * (1 + omega) * np.expm1(LN_2 * dt_pair + 2 * chain.eps) + chain.ftz  # >= |pi_ij|
+    pi = np.where(seen, pi, 0)
+    w = np.where(seen, omega * p + pi, 0)  # >= |P^ - P|
+    p_rounding = np.where(seen, chain.u_p * (p + w) + chain.half_sub_p, 0)
+    w_p = w + p_rounding  # >= |P rounded for dV - P|
+    e_g = gamma(Dv, chain.u_m) * abs_g
     e_d0 = (abs_do * beta_o_rows).sum(axis=1, keepdims=True)
     e_d0 += gamma(Dv, u) * (abs_do * (np.abs(o) + beta_o_rows)).sum(axis=1, keepdims=True)
     e_d = (1 + u) * e_d0 + u * np.abs(d)
-    w_ds = w_p if chain.ds_from_rounded_p else w  # the error of the P that dS is formed from
+    # The error of the P that dS is formed from: the 16-bit rounding, if any, is the pair's.
+    w_ds, pi_ds = (w_p, pi + p_rounding) if chain.ds_from_rounded_p else (w, pi)
     e_ds = w_ds * r + (p + w_ds) * (e_g + e_d) + gamma(2, u) * (p + w_ds) * (r + e_g + e_d)
-    x = np.where(seen, e_ds + chain.u_ds * (p * r + e_ds) + chain.half_sub_ds, 0)
+    ds_rounding = chain.u_ds * (p * r + e_ds) + chain.half_sub_ds
+    x = np.where(seen, e_ds + ds_rounding, 0)
+    # dS^ - dS = alpha_i dS - delta_i P_ds^ + (the rest, at most x_pair): the first two have a
+    # common factor per row, so dq sums them over the row before taking magnitudes.
+    x_pair = pi_ds * r + (p + w_ds) * e_g + gamma(2, u) * (p + w_ds) * (r + e_g + e_d)
+    x_pair = np.where(seen, x_pair + ds_rounding, 0)
     # dS rounded to 16 bits may overflow to +-inf: every element it reaches is undefined (an
     # inf - inf in the MMA may make it NaN).
     overflow = seen & (chain.ds_scale * (p * r + e_ds) >= chain.ds_overflow)
     x = np.where(overflow, np.inf, x)
+    x_pair = np.where(overflow, np.inf, x_pair)
     sums.dq_undefined[b, rows, h] |= overflow.any(axis=1)[:, None]
     sums.dk_undefined[b, :, kv_head] |= overflow.any(axis=0)[:, None]
     ds = p * r  # |dS|
     # The vacuity scale counts only r the float64 recomputation resolves: structural zeros
     # (a row with one key has g = D' exactly) must not look like a vacuous bound.
-    ds_resolved = np.where(r > 2.0**-40 * (np.abs(do) @ np.abs(v).T + np.abs(d)), ds, 0)
+    ds_resolved = np.where(r > 2.0**-40 * (abs_g + np.abs(d)), ds, 0)
     abs_q, abs_k = np.abs(q), np.abs(k)
-    sums.dq_x[b, rows, h] += x @ abs_k
+    # |sum_j dS_ij k_j| and |sum_j P_ij k_j| over the whole row (keys are not chunked), in
+    # float64 with the module's evaluation allowance on the magnitudes that may cancel.
+    ds_k = np.abs((p * g_minus_d) @ k) + _FLOAT64_ALLOWANCE * ((p * (abs_g + np.abs(d))) @ abs_k)
+    p_k = np.abs(p @ k) + _FLOAT64_ALLOWANCE * (p @ abs_k)
+    sums.dq_x[b, rows, h] += omega * ds_k + e_d * (p_k + w_ds @ abs_k) + x_pair @ abs_k
     sums.dq_xs[b, rows, h] += (ds + x) @ abs_k
     sums.dq_mag[b, rows, h] += ds @ abs_k
     sums.dq_resolved[b, rows, h] += ds_resolved @ abs_k
