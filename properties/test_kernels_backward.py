@@ -105,24 +105,8 @@ def test_kernel_backward_passes_every_check(kernel: str, request: pytest.Fixture
     (check if derived is None else seed(derived)(check))()
 
 
-# Caught only by a dq bound that does not grow with the dS K terms that cancel (issue 26): the
-# bound derived so far leaves its error inside the bound on the trigger case.
-NEEDS_A_TIGHTER_DQ_BOUND = frozenset({"dq_16bit_accumulator"})
-
-
 @pytest.mark.cpu
-@pytest.mark.parametrize(
-    "bug",
-    [
-        pytest.param(
-            bug,
-            marks=[pytest.mark.xfail(strict=True, reason="needs the shift-invariant dq bound")]
-            if bug in NEEDS_A_TIGHTER_DQ_BOUND
-            else [],
-        )
-        for bug in sorted(set(EXPECTED) - {"none", "exit"})
-    ],
-)
+@pytest.mark.parametrize("bug", sorted(set(EXPECTED) - {"none", "exit"}))
 def test_broken_backward_is_caught_by_exactly_its_checks(bug: str) -> None:
     """Each deliberately broken backward fails exactly its named checks on its trigger case,
     and raise_for names them; the unbroken one passes the same case."""

@@ -225,20 +225,11 @@ def trigger_case(bug: str) -> BackwardCase:
     if bug == "dk_default_scale":  # any scale but 1/sqrt(D)
         case = sample_case()
         return BackwardCase(dataclasses.replace(case.forward, softmax_scale=1.0), case.do)
-    if bug == "dq_16bit_accumulator":
-        return long_keys_case()
+    if bug == "dq_16bit_accumulator":  # one row over 1024 keys whose small dq terms it loses
+        from attention_crossval.properties.test_bounds_backward import swamped_dq_case
+
+        return swamped_dq_case("bfloat16", 1024, 2.0**-15)
     return sample_case()
-
-
-def long_keys_case() -> BackwardCase:
-    """Eight bf16 query rows over 1025 keys (64 K tiles and one key): a 16-bit dQ accumulator
-    rounds once per K block."""
-    rng = np.random.default_rng(3)
-    q, k, v, do = (rng.standard_normal((1, S, 1, 16)) for S in (8, 1025, 1025, 8))
-    bf16 = np.dtype("bfloat16")
-    return BackwardCase(
-        AttentionCase(q.astype(bf16), k.astype(bf16), v.astype(bf16)), do.astype(bf16)
-    )
 
 
 def correct() -> BrokenBackwardAdapter:
