@@ -19,9 +19,9 @@ classic list; :data:`EXPECTED` names the checks that must catch it and no others
 * ``dk_default_scale``: dk scaled by the default ``1/sqrt(D)`` instead of the case's
   ``softmax_scale`` (invisible unless a case sets another scale).
 
-The first and the last two are source edits of ``reference/streaming_backward.py``
-(:data:`SOURCE_EDITS`, applied as the forward's mutants are); :data:`TRIGGERS` gives, for the
-kernel-suite mutants, a case on which each is caught.
+``dq_16bit_accumulator`` and ``dk_default_scale`` are source edits of
+``reference/streaming_backward.py`` (:data:`SOURCE_EDITS`, applied as the forward's mutants are);
+:func:`trigger_case` gives a case on which each bug is caught by exactly its checks.
 """
 
 from __future__ import annotations
