@@ -61,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         failed, checks, total = [], set(), 0.0
         for seed in range(args.seeds):
             fails, check, seconds = run_suite(name, seed)
+            print(f"{name} seed {seed}: {check if fails else 'passed'}", file=sys.stderr)
             total += seconds
             if fails:
                 failed.append(seed)
