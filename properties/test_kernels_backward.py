@@ -69,13 +69,12 @@ def backward_max_len(spec: KernelSpec) -> int:
 
 
 def backward_strategies(spec: KernelSpec) -> dict[str, st.SearchStrategy[BackwardCase]]:
-    """The backward test's strategies, named: one per declared dtype (a bug of one dtype's
-    chain, a dS rounded wrongly under fp16 or a dQ order visible only in fp32 bits, then meets
-    its share of the cases in every run, which one draw over all dtypes does not promise: a ci
-    run drew 1 fp16 case in 31), and for a GPU kernel declaring it a long decode (a few queries
-    over 4096+ keys, where a dQ accumulated in 16 bits drifts over many K blocks); a CPU
-    kernel's long decodes cost seconds each on the two cores CI has, as do more than two heads
-    (GQA 2:1 stays)."""
+    """The backward test's strategies, named: one per declared dtype, so that a bug of one
+    dtype's chain (a dS rounded wrongly under fp16, a dQ order visible only in fp32 bits) meets
+    its share of the cases in every run, which one draw over all dtypes does not promise; and
+    for a GPU kernel declaring it, a long decode (a few queries over 4096+ keys, where a dQ
+    accumulated in 16 bits drifts over many K blocks). On a CPU kernel long decodes and more
+    than two heads (GQA 2:1 stays) cost seconds a case on the two cores CI has."""
     cpu = spec.device == "cpu"
     options = {"spec": spec, "max_len": backward_max_len(spec), "max_heads": 2 if cpu else 4}
     named = {f"dtype={d}": backward_cases(dtypes=[d], **options) for d in sorted(spec.dtypes)}
