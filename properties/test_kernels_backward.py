@@ -83,6 +83,9 @@ def backward_strategies(spec: KernelSpec) -> dict[str, st.SearchStrategy[Backwar
     return named
 
 
+# Hypothesis warns while it writes a long case's repr for its report, and that warning (an error
+# here) would replace the finding the case carries.
+@pytest.mark.filterwarnings("ignore:Generating overly large repr")
 def test_kernel_backward_passes_every_check(kernel: str, request: pytest.FixtureRequest) -> None:
     """Every generated backward case inside the kernel's declaration passes every check: as many
     cases as the forward's free test draws (the profile's count, :func:`_settings_for`), split
