@@ -12,10 +12,15 @@ import dataclasses
 
 import numpy as np
 import pytest
-from hypothesis import Verbosity, assume, find, given, settings
+from hypothesis import assume, find, given, seed, settings
 from hypothesis import strategies as st
 
-from attention_crossval.kernel.broken.cpu_backward_faults import EXPECTED, BrokenBackwardAdapter
+from attention_crossval.kernel.broken.cpu_backward_faults import (
+    EXPECTED,
+    BrokenBackwardAdapter,
+    trigger_case,
+)
+from attention_crossval.kernel.broken.cpu_backward_faults import sample_case as _case
 from attention_crossval.kernel.harness import CheckFailed, IsolatedKernel
 from attention_crossval.kernel.harness_backward import (
     fill_backward_padding,
@@ -25,7 +30,7 @@ from attention_crossval.kernel.known_findings import run_backward_with_known, xf
 from attention_crossval.kernel.references_backward import float64_gradients
 from attention_crossval.kernel.registry import resolve
 from attention_crossval.kernel.spec import KernelSpec
-from attention_crossval.properties.fail_fast import fails_fast, stop_on_fault
+from attention_crossval.properties.fail_fast import run_failing_fast, stop_on_fault
 from attention_crossval.properties.kernels_under_test import (
     chosen_kernels,
     close_workers,
@@ -33,7 +38,9 @@ from attention_crossval.properties.kernels_under_test import (
     kernel_param,
 )
 from attention_crossval.properties.replay import reproducer_on_failure
-from attention_crossval.properties.strategies import backward_cases
+from attention_crossval.properties.strategies import backward_cases, spec_features
+from attention_crossval.properties.test_kernels import _settings_for
+from attention_crossval.pytest_plugin import derived_seed, kernel_seed
 from attention_crossval.reference.case import AttentionCase, CausalAlignment, Mask
 from attention_crossval.reference.gradients import BackwardCase, Gradients
 from attention_crossval.reference.precision import StreamingPrecision
@@ -53,52 +60,74 @@ def _close_workers():
     close_workers()
 
 
-@fails_fast
-@settings(max_examples=10, verbosity=Verbosity.quiet)  # quiet: the case's arrays go unprinted
-@given(data=st.data())
-def test_kernel_backward_passes_every_check(
-    kernel: str, data: st.DataObject, request: pytest.FixtureRequest
-) -> None:
-    """Every generated backward case inside the kernel's declaration passes every check."""
-    adapter = kernel_adapter(kernel)
-    if not adapter.spec.backward:
-        pytest.skip(f"{kernel} declares no backward")
-    spec = adapter.spec
+# Key blocks the longest drawn case spans (plus one key): lengths cluster at the tile edges below
+# it, so three or more blocks (where a dQ summed out of order shows in its bits) are common.
+BACKWARD_KEY_BLOCKS = 8
+
+
+def backward_max_len(spec: KernelSpec) -> int:
+    """The longest Sq / Sk drawn for ``spec``'s backward: eight K tiles and one key."""
+    return min(BACKWARD_KEY_BLOCKS * spec.tile_n + 1, spec.max_seqlen)
+
+
+def backward_strategies(spec: KernelSpec) -> dict[str, st.SearchStrategy[BackwardCase]]:
+    """The backward test's strategies, named: one per declared dtype, so that a bug of one
+    dtype's chain (a dS rounded wrongly under fp16, a dQ order visible only in fp32 bits) meets
+    its share of the cases in every run, which one draw over all dtypes does not promise; and
+    for a GPU kernel declaring it, a long decode (a few queries over 4096+ keys, where a dQ
+    accumulated in 16 bits drifts over many K blocks). On a CPU kernel long decodes and more
+    than two heads (GQA 2:1 stays) cost seconds a case on the two cores CI has."""
     cpu = spec.device == "cpu"
-    # Two K tiles plus one key: the last-block, rescale and tile-edge paths, while an exact dK/dV
-    # column (which needs every row that sees its key) stays within a few seconds.
-    case = data.draw(backward_cases(spec=spec, max_len=2 * spec.tile_n + 1), label="case")
-    verdict = run_backward_with_known(adapter, case, samples=1 if cpu else 2)
-    stop_on_fault(kernel, verdict)  # a crash or hang: reported as drawn, not shrunk
-    assume(verdict.skipped is None)  # declined at run time (e.g. an SDPA backend's refusal)
-    xfail_if_known(verdict, spec, case.forward, backward=True)  # in Hypothesis: rejected
-    with reproducer_on_failure(case, kernel=kernel):  # the compact summary, a few cases saved
-        verdict.raise_for()
+    options = {"spec": spec, "max_len": backward_max_len(spec), "max_heads": 2 if cpu else 4}
+    named = {f"dtype={d}": backward_cases(dtypes=[d], **options) for d in sorted(spec.dtypes)}
+    if not cpu and "long_decode" in spec_features(spec):
+        named["long_decode"] = backward_cases(required_features=["long_decode"], **options)
+    return named
 
 
-def _case(dtype: type = np.float16, *, Hq: int = 4, Hkv: int = 2, D: int = 16) -> BackwardCase:
-    """GQA, varlen (padded rows and keys, five K tiles of 16), causal: every bug shows. dQ's
-    summation order shows in its bits only when they are not rounded to 16 bits: ``atomic_dq``
-    runs on float32."""
-    rng = np.random.default_rng(5)
-    B, Sq, Sk = 2, 20, 70
-    q, k, v = (rng.standard_normal((B, S, H, D)) for S, H in ((Sq, Hq), (Sk, Hkv), (Sk, Hkv)))
-    mask = Mask(causal=True, q_lengths=(20, 5), k_lengths=(70, 19))
-    forward = AttentionCase(*(a.astype(dtype) for a in (q, k, v)), mask=mask)
-    do = rng.standard_normal((B, Sq, Hq, D)).astype(dtype)
-    return BackwardCase(forward, do)
+# Hypothesis warns while it writes a long case's repr for its report, and that warning (an error
+# here) would replace the finding the case carries.
+@pytest.mark.filterwarnings("ignore:Generating overly large repr")
+def test_kernel_backward_passes_every_check(kernel: str, request: pytest.FixtureRequest) -> None:
+    """Every generated backward case inside the kernel's declaration passes every check: as many
+    cases as the forward's free test draws (the profile's count, :func:`_settings_for`), split
+    evenly over :func:`backward_strategies`, each seeded from the kernel's seed and its name."""
+    adapter = kernel_adapter(kernel)
+    spec = adapter.spec
+    if not spec.backward:
+        pytest.skip(f"{kernel} declares no backward")
+    strategies = backward_strategies(spec)
+    chosen = _settings_for(spec)
+    share = settings(chosen, max_examples=max(1, chosen.max_examples // len(strategies)))
+    derived = kernel_seed(request.config, kernel)
+    for name, strategy in strategies.items():
 
+        @share
+        @given(case=strategy)
+        def check(case: BackwardCase) -> None:
+            __tracebackhide__ = True  # pytest would print the case's arrays as its argument
+            verdict = run_backward_with_known(
+                adapter, case, samples=1 if spec.device == "cpu" else 2
+            )
+            stop_on_fault(kernel, verdict)  # a crash or hang: reported as drawn, not shrunk
+            assume(verdict.skipped is None)  # declined at run time (e.g. an SDPA backend's refusal)
+            xfail_if_known(verdict, spec, case.forward, backward=True)  # in Hypothesis: rejected
+            with reproducer_on_failure(case, kernel=kernel):  # the compact summary, a few saved
+                verdict.raise_for()
 
-def _trigger(bug: str) -> BackwardCase:
-    return _case(np.float32) if bug == "atomic_dq" else _case()
+        # Each strategy its own seed: one seed would draw the same shapes in every dtype.
+        run = check if derived is None else seed(derived_seed(derived, name))(check)
+        run_failing_fast(kernel, request.config, run)
 
 
 @pytest.mark.cpu
 @pytest.mark.parametrize("bug", sorted(set(EXPECTED) - {"none", "exit"}))
 def test_broken_backward_is_caught_by_exactly_its_checks(bug: str) -> None:
-    """Each deliberately broken backward fails exactly its named checks, and raise_for names
-    them; the unbroken one passes the same case."""
-    verdict = run_backward_case(BrokenBackwardAdapter(bug), _trigger(bug), samples=1)
+    """Each deliberately broken backward fails exactly its named checks on its trigger case,
+    and raise_for names them; the unbroken one passes the same case."""
+    case = trigger_case(bug)
+    run_backward_case(BrokenBackwardAdapter("none"), case, samples=1).raise_for()
+    verdict = run_backward_case(BrokenBackwardAdapter(bug), case, samples=1)
     assert {f.check for f in verdict.findings} == EXPECTED[bug], verdict.findings
     for check in EXPECTED[bug]:
         with pytest.raises(CheckFailed, match=f"^{check}:"):
@@ -152,7 +181,7 @@ def test_nondeterministic_backward_is_reported_not_failed() -> None:
     run-to-run differences are reported."""
     adapter = BrokenBackwardAdapter("atomic_dq")
     adapter.spec = dataclasses.replace(adapter.spec, backward_deterministic=False)
-    verdict = run_backward_case(adapter, _trigger("atomic_dq"), samples=1, repeats=3)
+    verdict = run_backward_case(adapter, trigger_case("atomic_dq"), samples=1, repeats=3)
     verdict.raise_for()
     assert not verdict.run_to_run.required
     assert verdict.run_to_run.differing > 0 and verdict.run_to_run.max_abs_diff > 0

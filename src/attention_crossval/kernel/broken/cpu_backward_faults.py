@@ -12,23 +12,34 @@ classic list; :data:`EXPECTED` names the checks that must catch it and no others
 * ``oob_write``: one dK row stored past the end;
 * ``atomic_dq``: dQ partials added in a different order on each call, yet declared deterministic;
 * ``padded_grad``: nonzero dK on keys past ``k_lengths``;
-* ``exit``: the process dies inside the backward (a CUDA fault does the same).
+* ``exit``: the process dies inside the backward (a CUDA fault does the same);
+* ``dq_16bit_accumulator``: the dQ accumulator is the input dtype, so each K block's partial is
+  added in fp16/bf16 (fp32 inputs: fp32, no bug);
+* ``ds_bf16``: dS rounded to bf16 before its MMAs where the declared fp16 chain rounds it to fp16;
+* ``dk_default_scale``: dk scaled by the default ``1/sqrt(D)`` instead of the case's
+  ``softmax_scale`` (invisible unless a case sets another scale).
+
+``dq_16bit_accumulator`` and ``dk_default_scale`` are source edits of
+``reference/streaming_backward.py`` (:data:`SOURCE_EDITS`, applied as the forward's mutants are);
+:func:`trigger_case` gives a case on which each bug is caught by exactly its checks.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
+import types
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from attention_crossval.kernel.spec import KernelSpec
-from attention_crossval.reference.case import AttentionCase, AttentionResult
+from attention_crossval.reference import streaming_backward as correct_tier
+from attention_crossval.reference.case import AttentionCase, AttentionResult, Mask
 from attention_crossval.reference.gradients import BackwardCase, Gradients
 from attention_crossval.reference.precision import BackwardPrecision
 from attention_crossval.reference.streaming import streaming_attention
-from attention_crossval.reference.streaming_backward import streaming_backward
 
 TILE = 16
 GUARD = 4
@@ -45,7 +56,37 @@ EXPECTED: dict[str, frozenset[str]] = {
     "atomic_dq": frozenset({"determinism"}),
     "padded_grad": frozenset({"zero-grad", "dk-bound"}),  # the reference is 0 there as well
     "exit": frozenset({"crash"}),
+    "dq_16bit_accumulator": frozenset({"dq-bound"}),
+    "ds_bf16": frozenset({"dq-bound", "dk-bound"}),
+    "dk_default_scale": frozenset({"dk-bound"}),
 }
+
+# (original snippet, replacement) in reference/streaming_backward.py, each occurring once.
+SOURCE_EDITS: dict[str, tuple[tuple[str, str], ...]] = {
+    "dq_16bit_accumulator": (
+        (
+            "dQ[rows] += dS_mma @ K",
+            "dQ[rows] = round_to(dQ[rows] + dS_mma @ K, fwd.dtype)",
+        ),
+    ),
+    "dk_default_scale": (
+        (
+            "dk_acc = dk_acc if per_head else dk_acc * scale_at_end",
+            "dk_acc = dk_acc if per_head else dk_acc * acc.type(fwd.D**-0.5)",
+        ),
+    ),
+}
+
+
+@functools.cache
+def _tier(bug: str) -> types.ModuleType:
+    """``reference.streaming_backward``, with ``bug``'s source edits where it has any."""
+    if bug not in SOURCE_EDITS:
+        return correct_tier
+    from attention_crossval.properties.mutants import Mutation, mutated_module
+
+    edits = [Mutation(correct_tier.__name__, old, new) for old, new in SOURCE_EDITS[bug]]
+    return mutated_module(correct_tier.__name__, edits, f"backward_{bug}")
 
 
 def _spec() -> KernelSpec:
@@ -108,7 +149,9 @@ class BrokenBackwardAdapter:
 
         def run(which: BackwardCase = case, chain: BackwardPrecision = precision, **kw):
             kw.setdefault("forward", forward if which is case else None)
-            return streaming_backward(which, chain, block_m=TILE, block_n=TILE, **kw)
+            return _tier(self.bug).streaming_backward(
+                which, chain, block_m=TILE, block_n=TILE, **kw
+            )
 
         if self.bug == "exit":
             os._exit(3)
@@ -118,6 +161,8 @@ class BrokenBackwardAdapter:
             return run(forward=AttentionResult(o=forward.o, lse=forward.lse + 0.25))
         if self.bug == "atomic_dq":
             return run(chain=dataclasses.replace(precision, dq_order="permuted"), seed=self.calls)
+        if self.bug == "ds_bf16" and precision.ds_dtype == "float16":
+            return run(chain=dataclasses.replace(precision, ds_dtype="bfloat16"))
         grads = run()
         if self.bug == "no_group_sum":
             group = case.forward.group_size
@@ -156,6 +201,56 @@ def _store(
         buf[:, GUARD + S] = values[:, -1]
     guards = np.concatenate([buf[:, :GUARD], buf[:, GUARD + S :]], axis=1)
     return buf[:, GUARD : GUARD + S].copy(), bool((guards != _GUARD_VALUE).any())
+
+
+def sample_case(
+    dtype: type = np.float16, *, Hq: int = 4, Hkv: int = 2, D: int = 16
+) -> BackwardCase:
+    """GQA, varlen (padded rows and keys, five K tiles of 16), causal: every bug of the first
+    list shows. dQ's summation order shows in its bits only when they are not rounded to 16
+    bits: ``atomic_dq`` runs on float32."""
+    rng = np.random.default_rng(5)
+    B, Sq, Sk = 2, 20, 70
+    q, k, v = (rng.standard_normal((B, S, H, D)) for S, H in ((Sq, Hq), (Sk, Hkv), (Sk, Hkv)))
+    mask = Mask(causal=True, q_lengths=(20, 5), k_lengths=(70, 19))
+    forward = AttentionCase(*(a.astype(dtype) for a in (q, k, v)), mask=mask)
+    do = rng.standard_normal((B, Sq, Hq, D)).astype(dtype)
+    return BackwardCase(forward, do)
+
+
+def trigger_case(bug: str) -> BackwardCase:
+    """A case on which ``bug`` fails exactly its :data:`EXPECTED` checks."""
+    if bug == "atomic_dq":
+        return sample_case(np.float32)
+    if bug == "dk_default_scale":  # any scale but 1/sqrt(D)
+        case = sample_case()
+        return BackwardCase(dataclasses.replace(case.forward, softmax_scale=1.0), case.do)
+    if bug == "dq_16bit_accumulator":  # one row over 1024 keys whose small dq terms it loses
+        from attention_crossval.properties.test_bounds_backward import swamped_dq_case
+
+        return swamped_dq_case("bfloat16", 1024, 2.0**-15)
+    return sample_case()
+
+
+def correct() -> BrokenBackwardAdapter:
+    """The same adapter without a bug: the control of the mutant benchmark."""
+    return BrokenBackwardAdapter("none")
+
+
+def atomic_dq() -> BrokenBackwardAdapter:
+    return BrokenBackwardAdapter("atomic_dq")
+
+
+def dq_16bit_accumulator() -> BrokenBackwardAdapter:
+    return BrokenBackwardAdapter("dq_16bit_accumulator")
+
+
+def ds_bf16() -> BrokenBackwardAdapter:
+    return BrokenBackwardAdapter("ds_bf16")
+
+
+def dk_default_scale() -> BrokenBackwardAdapter:
+    return BrokenBackwardAdapter("dk_default_scale")
 
 
 def exit_in_backward() -> BrokenBackwardAdapter:
