@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given, target
 from hypothesis import strategies as st
 
+from attention_crossval.kernel.broken.cpu_backward_faults import SOURCE_EDITS, swamped_dq_case
 from attention_crossval.properties.mutants import Mutation, mutated_module
 from attention_crossval.properties.strategies import (
     DISTRIBUTIONS,
@@ -382,25 +383,6 @@ def test_ds_rounding_times_a_key_shift_does_not_cancel() -> None:
     assert 0.5 < bound_fractions(got, exact, bounds)["dq"].max() <= 1
 
 
-DQ_16_BIT = "dQ[rows] = round_to(dQ[rows] + dS_mma @ K, fwd.dtype)"  # after each K block's add
-
-
-def swamped_dq_case(dtype: str, n_keys: int, middle: float) -> BackwardCase:
-    """One query row over ``n_keys`` keys with equal scores (P = 1/n_keys), whose dq_0 =
-    scale sum_j dS_j k_j0 is a sum of small terms of one sign (``middle / n_keys`` each) between
-    a first key's +1/n_keys and a last key's -1/n_keys: a 16-bit accumulator holds about
-    1/n_keys after the first K block, and a block's small terms below half its ulp are lost."""
-    D = 16
-    q, do = np.zeros((1, 1, 1, D)), np.zeros((1, 1, 1, D))
-    k, v = np.zeros((1, n_keys, 1, D)), np.zeros((1, n_keys, 1, D))
-    q[..., 1] = do[..., 0] = 1.0  # no key has a component along q: equal scores
-    sign = np.where(np.arange(n_keys) % 2 == 0, 1.0, -1.0)
-    v[0, :, 0, 0], k[0, :, 0, 0] = sign / 16, sign * middle * 16  # dS_j k_j0 = middle / n_keys
-    v[0, [0, -1], 0, 0], k[0, [0, -1], 0, 0] = (1.0, -1.0), 1.0
-    cast = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
-    return BackwardCase(AttentionCase(*(x.astype(cast) for x in (q, k, v))), do.astype(cast))
-
-
 @pytest.mark.parametrize(
     ("dtype", "block_n", "middle"), [("bfloat16", 128, 2.0**-15), ("float16", 64, 2.0**-17)]
 )
@@ -412,7 +394,8 @@ def test_16_bit_dq_accumulator_is_flagged(dtype: str, block_n: int, middle: floa
     precision = chain(dtype, "flash")
     exact = exact_backward(case)
     bounds = backward_error_bound(case, precision, exact.as_gradients(), block_n=block_n)
-    mutant = mutated_module(MODULE, [Mutation(MODULE, "dQ[rows] += dS_mma @ K", DQ_16_BIT)], "dq16")
+    edits = [Mutation(MODULE, *edit) for edit in SOURCE_EDITS["dq_16bit_accumulator"]]
+    mutant = mutated_module(MODULE, edits, "dq16")
     for backward, flagged in ((streaming_backward, False), (mutant.streaming_backward, True)):
         got = backward(case, precision, block_m=16, block_n=block_n)
         worst = bound_fractions(got, exact, bounds)["dq"].max()

@@ -32,6 +32,7 @@ import os
 import types
 from dataclasses import dataclass, field
 
+import ml_dtypes
 import numpy as np
 
 from attention_crossval.kernel.spec import KernelSpec
@@ -218,6 +219,22 @@ def sample_case(
     return BackwardCase(forward, do)
 
 
+def swamped_dq_case(dtype: str, n_keys: int, middle: float) -> BackwardCase:
+    """One query row over ``n_keys`` keys with equal scores (P = 1/n_keys), whose dq_0 =
+    scale sum_j dS_j k_j0 is a sum of small terms of one sign (``middle / n_keys`` each) between
+    a first key's +1/n_keys and a last key's -1/n_keys: a 16-bit accumulator holds about
+    1/n_keys after the first K block, and a block's small terms below half its ulp are lost."""
+    D = 16
+    q, do = np.zeros((1, 1, 1, D)), np.zeros((1, 1, 1, D))
+    k, v = np.zeros((1, n_keys, 1, D)), np.zeros((1, n_keys, 1, D))
+    q[..., 1] = do[..., 0] = 1.0  # no key has a component along q: equal scores
+    sign = np.where(np.arange(n_keys) % 2 == 0, 1.0, -1.0)
+    v[0, :, 0, 0], k[0, :, 0, 0] = sign / 16, sign * middle * 16  # dS_j k_j0 = middle / n_keys
+    v[0, [0, -1], 0, 0], k[0, [0, -1], 0, 0] = (1.0, -1.0), 1.0
+    cast = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    return BackwardCase(AttentionCase(*(x.astype(cast) for x in (q, k, v))), do.astype(cast))
+
+
 def trigger_case(bug: str) -> BackwardCase:
     """A case on which ``bug`` fails exactly its :data:`EXPECTED` checks."""
     if bug == "atomic_dq":
@@ -226,8 +243,6 @@ def trigger_case(bug: str) -> BackwardCase:
         case = sample_case()
         return BackwardCase(dataclasses.replace(case.forward, softmax_scale=1.0), case.do)
     if bug == "dq_16bit_accumulator":  # one row over 1024 keys whose small dq terms it loses
-        from attention_crossval.properties.test_bounds_backward import swamped_dq_case
-
         return swamped_dq_case("bfloat16", 1024, 2.0**-15)
     return sample_case()
 
