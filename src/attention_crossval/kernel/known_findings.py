@@ -61,8 +61,7 @@ class KnownFinding:
       reason says so).
     * ``backward``: it is a finding of the backward pass (a check of
       ``kernel.verdict.BACKWARD_CHECKS``), not of the forward.
-    * ``page_sizes``: and only to paged cases with one of these page sizes (with the ``paged``
-      feature); empty: whatever the page size.
+    * ``head_dims``: and only to cases whose D is one of these; empty: whatever the head dim.
     """
 
     check: str
@@ -71,7 +70,7 @@ class KnownFinding:
     link: str
     backward: bool = False
     features: frozenset[str] = frozenset()
-    page_sizes: frozenset[int] = frozenset()
+    head_dims: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
         if not isinstance(self.backward, bool):
@@ -96,17 +95,12 @@ class KnownFinding:
                 f"{list(FINDING_FEATURES)}"
             )
         object.__setattr__(self, "features", frozenset(features))
-        sizes = self.page_sizes
-        if (
-            not isinstance(sizes, (frozenset, set, tuple, list))
-            or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in sizes)
-            or (sizes and "paged" not in self.features)
+        dims = self.head_dims
+        if not isinstance(dims, (frozenset, set, tuple, list)) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in dims
         ):
-            raise ValueError(
-                f"known_finding.page_sizes={sizes!r} must be a set of ints >= 1, given only "
-                "with the paged feature"
-            )
-        object.__setattr__(self, "page_sizes", frozenset(sizes))
+            raise ValueError(f"known_finding.head_dims={dims!r} must be a set of ints >= 1")
+        object.__setattr__(self, "head_dims", frozenset(dims))
         if not isinstance(self.reason, str) or not self.reason.strip():
             raise ValueError(f"known_finding.reason={self.reason!r} must be a non-empty str")
         if not isinstance(self.link, str) or not self.link.startswith("https://"):
@@ -114,16 +108,16 @@ class KnownFinding:
 
     def applies(self, case: AttentionCase) -> bool:
         masked = not self.mask_kinds or bool(self.mask_kinds & case.mask.kinds)
-        paged = not self.page_sizes or case.page_size in self.page_sizes
-        return masked and paged and self.features <= surface_features(case)
+        sized = not self.head_dims or case.D in self.head_dims
+        return masked and sized and self.features <= surface_features(case)
 
     @property
     def when(self) -> str:
         """The cases it applies to, in words."""
         parts = [f"{' or '.join(sorted(self.mask_kinds))} masks"] if self.mask_kinds else []
         parts += [f"{' and '.join(sorted(self.features))} cases"] if self.features else []
-        if self.page_sizes:
-            parts.append(f"page size {' or '.join(str(s) for s in sorted(self.page_sizes))}")
+        if self.head_dims:
+            parts.append(f"D = {' or '.join(str(d) for d in sorted(self.head_dims))}")
         return ", ".join(parts) or "every case"
 
     @property
@@ -263,8 +257,8 @@ def trigger_case(spec: KernelSpec, known: KnownFinding) -> AttentionCase:
     mask hiding whole rows; ``nonfinite``: one query row, hidden; ``nonfinite`` with a sink: one
     query whose scores lie about 1000 below the sink (``exp(sink - max score)`` overflows
     float32); ``hidden-nan``: a window or explicit mask hiding key 0 from every row, the other
-    keys of its tile visible; ``bound`` or ``determinism`` at named page sizes: a decode over 25
-    keys in pages of the smallest. ValueError for another check, mask kind or feature (write its
+    keys of its tile visible; a paged finding at named head dims: a decode over 25 keys in pages
+    of 16 at the smallest. ValueError for another check, mask kind or feature (write its
     trigger here)."""
     rng = np.random.default_rng(0)
     dtype = next(d for d in ("bfloat16", "float16", "float32") if d in spec.dtypes)
@@ -272,12 +266,12 @@ def trigger_case(spec: KernelSpec, known: KnownFinding) -> AttentionCase:
     Dv = D if D in spec.value_dims_for(D) else spec.value_dims_for(D)[0]
     if known.check == "nonfinite" and known.features == {"sink"} and not known.mask_kinds:
         return _dominant_sink_case(D, Dv, spec.tile_n, dtype, rng)
-    if known.page_sizes and not known.mask_kinds and known.check in ("bound", "determinism"):
-        # a decode over a few dozen keys in pages of the smallest named size
-        q, k, v = (rng.standard_normal((1, S, 2, d)) for S, d in ((1, D), (25, D), (25, Dv)))
+    if known.head_dims and known.features == {"paged"} and not known.mask_kinds:
+        # a decode over 25 keys in pages of 16, at the smallest named head dim
+        D = Dv = min(known.head_dims)
+        q, k, v = (rng.standard_normal((1, S, 2, D)) for S in (1, 25, 25))
         arrays = (cast_input(a, dtype) for a in (q, k, v))
-        page_size = min(known.page_sizes)
-        return AttentionCase(*arrays, page_size=page_size, label=f"trigger:{known.check}")
+        return AttentionCase(*arrays, page_size=16, label=f"trigger:{known.check}")
     Sk = 2 * spec.tile_n
     options: dict[str, Any] = {}
     padding = known.mask_kinds <= {"varlen"} and known.features <= {"paged"}

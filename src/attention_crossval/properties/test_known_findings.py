@@ -53,8 +53,8 @@ _PAGE_TAIL = ("padding-read", set(), {"paged"})  # pages of 128 keys, H200 2026-
 _HIDING = {"explicit", "window", "varlen"}
 # flash-attn-cute, H200 2026-12-01: window-hidden keys read; a dominant sink overflows
 _FA_SURFACE = [("hidden-nan", {"window"}, set()), ("nonfinite", set(), {"sink"})]
-# flash-attn-cute, H200 2026-12-02: pages of one key give a wrong, nondeterministic O
-_ONE_KEY_PAGES = [("determinism", set(), {"paged"}), ("bound", set(), {"paged"})]
+# flash-attn-cute, H200 2026-12-02: paged KV at D = 96 gives a wrong, nondeterministic O
+_PAGED_D96 = [(check, set(), {"paged"}) for check in ("determinism", "bound", "lse")]
 DECLARED = {
     "sdpa-math": [_NAN, _NAN_BACKWARD],
     "sdpa-efficient": [_NAN, _NAN_BACKWARD],
@@ -65,11 +65,11 @@ DECLARED = {
         ("backward nonfinite", _HIDING, set()),
         _NAN_BACKWARD,
     ],
-    "flash-attn-cute": [_NAN, _PAGE_TAIL, *_ONE_KEY_PAGES, *_FA_SURFACE, _NAN_BACKWARD],
+    "flash-attn-cute": [_NAN, _PAGE_TAIL, *_PAGED_D96, *_FA_SURFACE, _NAN_BACKWARD],
     "flash-attn-cute-deterministic": [
         _NAN,
         _PAGE_TAIL,
-        *_ONE_KEY_PAGES,
+        *_PAGED_D96,
         *_FA_SURFACE,
         _NAN_BACKWARD,
     ],
