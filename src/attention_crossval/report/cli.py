@@ -15,18 +15,15 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-# OpenBLAS' default threading makes small GEMMs ~750x slower on a 2-core VM
-# (docs/numerics.md#small-gemms); set before numpy is imported by anything below.
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+from threadpoolctl import threadpool_limits
 
-from attention_crossval.kernel.isolation import MAX_TIMEOUT_S  # noqa: E402
-from attention_crossval.report.backward import PASSES  # noqa: E402
-from attention_crossval.report.configs import (  # noqa: E402
+from attention_crossval.kernel.isolation import MAX_TIMEOUT_S
+from attention_crossval.report.backward import PASSES
+from attention_crossval.report.configs import (
     PRESETS,
     Config,
     load_config_file,
@@ -34,8 +31,8 @@ from attention_crossval.report.configs import (  # noqa: E402
     sampled_configs,
     unique,
 )
-from attention_crossval.report.runner import TIERS, RunOptions  # noqa: E402
-from attention_crossval.report.shard import Shard, parse_shard  # noqa: E402
+from attention_crossval.report.runner import TIERS, RunOptions
+from attention_crossval.report.shard import Shard, parse_shard
 
 DEFAULT_OUT = "attention-report-out"
 MAX_SAMPLE = 10_000  # --sample: Hypothesis draws this many cases up front
@@ -440,12 +437,13 @@ def merge_main(argv: Sequence[str]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        if argv[:1] == ["diff"]:
-            return diff_main(argv[1:])
-        if argv[:1] == ["merge"]:
-            return merge_main(argv[1:])
-        return run_main(argv[1:] if argv[:1] == ["run"] else argv)
+    try:  # BLAS on one thread: its default pool makes the tiers' small GEMMs far slower
+        with threadpool_limits(limits=1, user_api="blas"):  # (docs/numerics.md#small-gemms)
+            if argv[:1] == ["diff"]:
+                return diff_main(argv[1:])
+            if argv[:1] == ["merge"]:
+                return merge_main(argv[1:])
+            return run_main(argv[1:] if argv[:1] == ["run"] else argv)
     except (ValueError, OSError) as error:  # bad options or inputs: a message, not a traceback
         message = " | ".join(line.strip() for line in str(error).splitlines() if line.strip())
         print(f"attention-report: error: {message}", file=sys.stderr)
