@@ -142,3 +142,22 @@ def test_do_distribution_reaches_the_backward_and_leaves_the_forward_alone() -> 
     assert np.count_nonzero(backward_case(case, config.seed).do) > grad.do.shape[1]
     with pytest.raises(ValueError, match=r"config.do_distribution='ones' must be None"):
         Config("bfloat16", 16, 5, 9, do_distribution="ones")
+
+
+def test_a_report_shows_the_input_classes_its_configs_reach(tmp_path) -> None:
+    """report.json carries the tally of its configs and report.md shows it, a class no config
+    reaches marked **none**."""
+    from attention_crossval.report.cli import main
+    from attention_crossval.report.configs import preset
+    from attention_crossval.report.grid_classes import CLASSES, tally
+
+    argv = ["--preset", "tiny", "--tier", "streaming", "--no-html", "--no-progress"]
+    assert main([*argv, "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["input_classes"] == tally(preset("tiny"))
+    markdown = (tmp_path / "report.md").read_text()
+    assert "## Input classes reached" in markdown
+    for name, configs in report["input_classes"].items():
+        assert f"| {name} | {len(configs)} |" in markdown
+    assert any(not configs for configs in report["input_classes"].values())  # tiny misses some
+    assert "**none**" in markdown and set(report["input_classes"]) == set(CLASSES)

@@ -110,12 +110,20 @@ CLASSES: dict[str, Callable[[_Scores], bool]] = {
 }
 
 
+# The largest score plane (B * Hq * Sq * Sk) a tally builds: long and huge presets' cases are left
+# out (they would cost seconds to minutes and gigabytes each just to be classified).
+TALLY_MAX_SCORES = 2**22
+
+
 def tally(configs: Iterable) -> dict[str, list[str]]:
     """Per class of :data:`CLASSES`, the names of the configs (``report.configs.Config`` or
     anything with ``name`` and ``build()``) whose built case reaches it; empty lists for
-    classes none reaches."""
+    classes none reaches. Configs above :data:`TALLY_MAX_SCORES` scores are not built."""
     reached: dict[str, list[str]] = {name: [] for name in CLASSES}
     for config in configs:
+        shape = config.fields()
+        if shape["B"] * shape["Hq"] * shape["Sq"] * shape["Sk"] > TALLY_MAX_SCORES:
+            continue
         with np.errstate(all="ignore"):  # -inf logits of hidden keys, huge scores
             scores = _Scores.of(config.build())
             for name, predicate in CLASSES.items():

@@ -167,6 +167,18 @@ def header_lines(report: dict) -> list[str]:
     ]
 
 
+def input_class_lines(classes: dict[str, list[str]] | None) -> list[str]:
+    """The input classes real bugs need and how many of the report's configs reach each (read
+    from the built cases: ``report.grid_classes``); none for a report written without them."""
+    if not classes:
+        return []
+    lines = ["## Input classes reached", "", "| class | configs | e.g. |", "|---|---|---|"]
+    for name, configs in classes.items():
+        example = configs[0] if configs else "**none**"
+        lines.append(f"| {name} | {len(configs)} | {example} |")
+    return lines
+
+
 def render_markdown(report: dict) -> str:
     from attention_crossval.report.backward import backward_table
     from attention_crossval.report.summary import markdown_errors, markdown_summary
@@ -174,6 +186,7 @@ def render_markdown(report: dict) -> str:
     lines = ["# Attention kernel error report", ""]
     lines += [f"- {line}" for line in header_lines(report)]
     lines += ["", *markdown_summary(report["records"])]
+    lines += ["", *input_class_lines(report.get("input_classes"))]
     if report["options"].get("passes", "forward") != "backward":
         lines += ["", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
         lines += ["| " + " | ".join(row_cells(r)) + " |" for r in report["records"]]

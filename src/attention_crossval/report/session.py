@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from attention_crossval.report.cache import ExactCache
+from attention_crossval.report.grid_classes import tally
 from attention_crossval.report.records import RecordLog, parse_json
 from attention_crossval.report.runner import Kernel, RunOptions, evaluate, record_key
 from attention_crossval.report.schema import SCHEMA_VERSION, validate
@@ -161,6 +162,7 @@ def run_report(
         "resumed_records": reused,
         "exact_cache": {"hits": cache.hits, "misses": cache.misses},
         "summary": summarize(records),
+        "input_classes": tally(configs),
         **(provenance or {}),
         "records": records,
     }
