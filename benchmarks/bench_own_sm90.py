@@ -48,8 +48,8 @@ ROWS: tuple[tuple[int, int, int, int, bool], ...] = (
 )
 # Own variant -> the knobs of kernel/adapters/own_sm90.py launch(). ``default`` is what the
 # registered adapters run (own_sm90.DEFAULT_KNOBS: overlap, pingpong, longest_first,
-# smem_epilogue, m192, chosen from this benchmark on the H200, 2026-12-02); ``overlap+lf+smem``
-# was their default on 2026-12-01; ``baseline`` is the kernel without knobs, their default before.
+# smem_epilogue, m192, chosen from this benchmark on the H200: docs/results-h200.md);
+# ``overlap+lf+smem`` was their default before; ``baseline`` is the kernel without knobs.
 VARIANTS: dict[str, dict[str, bool]] = {
     "baseline": {},
     "overlap": {"overlap": True},
@@ -73,8 +73,8 @@ VARIANTS: dict[str, dict[str, bool]] = {
     "overlap+lf+persist": {"overlap": True, "longest_first": True, "persistent": True},
 }
 # The variants run without --variants, each compiled once per (D, causal) of the rows: the
-# 2026-12-01 default, then pingpong and 192-row tiles each added to it, then both (the default),
-# so the table shows what each step adds.
+# earlier default (overlap+lf+smem), then pingpong and 192-row tiles each added to it, then
+# both (the default), so the table shows what each step adds.
 DEFAULT_VARIANTS = ("overlap+lf+smem", "all", "overlap+lf+smem+m192", "default")
 NAN = float("nan")
 

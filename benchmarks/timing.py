@@ -5,7 +5,7 @@ scripts/gpu/bench_own_sm90_full.py; triton is imported only when a call is timed
 
 Two clocks. ``do_bench`` times calls launched one after another from Python, so a call whose
 host work (argument conversion, launch) takes longer than its kernel measures the host: on the
-H200 (2026-12-02) a 43 us own-kernel launch at 16 x 16 x 1024 causal timed 250 or 390 TFLOP/s
+H200 a 43 us own-kernel launch at 16 x 16 x 1024 causal timed 250 or 390 TFLOP/s
 from one round to the next. ``graph=True`` captures the calls in a CUDA graph and times its
 replays (``do_bench_cudagraph``), so only the kernels' device time counts, for every kernel
 alike; that is the clock for comparing kernels.

@@ -1,8 +1,7 @@
 """TFLOP/s of own-sm90, own-sm90-full and flash_attn.cute (bf16, D = 128) on three shapes, with
 the largest difference of own-sm90-full's output from each peer's (a fast wrong kernel is no
 result). Both own launches run the variant the registered adapters run (:func:`knobs_from_env`:
-``DEFAULT_KNOBS`` unless ``ATTENTION_CROSSVAL_SM90_OVERLAP`` picks another; its first run on the
-H200, 2026-12-01, timed the kernel without knobs, then the default). Lines starting with
+``DEFAULT_KNOBS`` unless ``ATTENTION_CROSSVAL_SM90_OVERLAP`` picks another). Lines starting with
 ``bench`` are the result."""
 
 from __future__ import annotations

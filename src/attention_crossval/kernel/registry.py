@@ -36,7 +36,7 @@ BUILTIN: dict[str, tuple[str, str | None]] = {
     # torch.compile'd FlexAttention: a CUDA kernel (spec.device "cuda"), available with torch
     "flex-attention": ("attention_crossval.kernel.adapters.flex:create", "torch"),
     "own-sm90": ("attention_crossval.kernel.adapters.own_sm90:create", "cutlass"),
-    # the same kernel declaring GQA, varlen and windows (run on the H200 since 2026-12-01)
+    # the same kernel declaring GQA, varlen and windows (run on the H200)
     "own-sm90-full": ("attention_crossval.kernel.adapters.own_sm90:create_full", "cutlass"),
     "own-sm100": (
         "attention_crossval.kernel.adapters.own_sm100:create",
@@ -51,8 +51,8 @@ GPU_BUILTIN = tuple(name for name in BUILTIN if name != "streaming-fa")
 BACKWARD_VARIANTS = frozenset({"flash-attn-cute-deterministic"})
 # Built-ins compiled but never run on a GPU: reachable with --kernel only, so a default GPU run
 # neither fails on them nor vouches for them. A built-in leaves this set after its first GPU run
-# (own-sm90-full did on 2026-12-01: its kernel suite passed on the H200). own-sm100, never run,
-# is kept out of the defaults on other GPUs by REQUIRED_COMPUTE_MAJOR instead.
+# (own-sm90-full did: its kernel suite passed on the H200, docs/results-h200.md). own-sm100,
+# never run, is kept out of the defaults on other GPUs by REQUIRED_COMPUTE_MAJOR instead.
 NEVER_RUN: frozenset[str] = frozenset()
 # Built-ins that run on one GPU generation only (compute capability major): left out of the
 # defaults on other GPUs, where they would decline every case; still reachable with --kernel.

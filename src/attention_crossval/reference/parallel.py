@@ -13,7 +13,7 @@ Each worker runs its BLAS on one thread (``threadpoolctl``): the workers already
 cores, and a BLAS that sizes its pool to the machine in every worker oversubscribes it. That
 happens where numpy is loaded before ``OPENBLAS_NUM_THREADS=1`` can take effect (a pytest plugin
 importing it first): the bound of a 64k prefill took 20.9 s under pytest on the H200's 16-core
-host before, 2.6 s with the limit (2026-12-01).
+host before, 2.6 s with the limit (docs/results-h200.md).
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ run on the H200):
 * ``num_splits``: refused on SM90 ("SplitKV not supported on SM 9.0"), so declared only on SM100;
 * head dims: on SM90 the pairs (D, Dv) with D = Dv in 64, 96, 128, 192, 256, and (192, 128)
   (``head_dim_pairs``). Its interface accepts any D and Dv in 8..256 divisible by 8, but
-  measured on the H200 (2026-12-01) D = 64 with Dv = 256 does not compile ("Insufficient
+  on the H200 D = 64 with Dv = 256 does not compile ("Insufficient
   registers"), while 192/128 ran; other Dv != D pairs have not been tried. On SM100 8..128
   (and the pairs (192, 128), (256, 256)): declared 64 and 128 with Dv = D, as nothing of it
   has run (no Blackwell GPU). SM90's K tile depends on D (128 for
@@ -107,7 +107,7 @@ def _spec() -> KernelSpec:
                 "finite values do not. Not yet reported upstream.",
                 link="https://github.com/Dao-AILab/flash-attention",
             ),
-            KnownFinding(  # measured on the H200, 2026-12-01 (docs/forward-surface.md)
+            KnownFinding(  # measured on the H200 (docs/results-h200.md)
                 check="padding-read",
                 mask_kinds=frozenset(),
                 features=frozenset({"paged"}),
@@ -135,7 +135,7 @@ def _spec() -> KernelSpec:
                 )
                 for check in ("determinism", "bound")
             ),
-            KnownFinding(  # measured on the H200, 2026-12-01 (scripts/gpu/forward_surface.sh)
+            KnownFinding(  # measured on the H200 (docs/results-h200.md)
                 check="hidden-nan",
                 mask_kinds=frozenset({"window"}),
                 reason="it loads K/V tiles holding keys that a sliding window hides from every "
@@ -145,7 +145,7 @@ def _spec() -> KernelSpec:
                 "window. Not yet reported upstream.",
                 link="https://github.com/Dao-AILab/flash-attention",
             ),
-            KnownFinding(  # measured on the H200, 2026-12-01 (scripts/gpu/forward_surface.sh)
+            KnownFinding(  # measured on the H200 (docs/results-h200.md)
                 check="nonfinite",
                 mask_kinds=frozenset(),
                 features=frozenset({"sink"}),
@@ -156,7 +156,7 @@ def _spec() -> KernelSpec:
                 "yet reported upstream.",
                 link="https://github.com/Dao-AILab/flash-attention",
             ),
-            KnownFinding(  # measured on the H200, 2026-12-01 (test_kernels_backward.py -m gpu)
+            KnownFinding(  # measured on the H200 (docs/results-h200.md)
                 check="padding-read",
                 mask_kinds=frozenset({"varlen"}),
                 reason="the backward with seqused_k reads K/V past the valid length as the "
@@ -166,7 +166,7 @@ def _spec() -> KernelSpec:
             ),
         ),
         backward=True,  # kernel/adapters/flash_attn_cute_backward.py; atomic dQ adds by default
-        # What its SM90 backward was run at on the H200 (2026-12-01); it has tile configs up
+        # What its SM90 backward was run at on the H200; it has tile configs up
         # to 256 (and 192/128), not run here yet.
         backward_head_dims=frozenset({64, 128}),
     )

@@ -7,7 +7,7 @@ a ``score_mod`` on the scaled score, ``cap * tanh(score / cap)`` (FlexAttention 
 LSE comes back through ``return_aux=AuxRequest(lse=True)`` (the successor of the deprecated
 ``return_lse=True``) in natural log.
 
-Declared, and checked on the H200 by the feature sweeps only (2026-12-01, torch 2.11: two
+Declared, and checked on the H200 by the feature sweeps and the free test (torch 2.11: two
 cases each of softcap, hidden keys, varlen batches and long decode, all within the bound;
 docs/forward-surface.md, "On the H200"):
 
@@ -71,7 +71,7 @@ def _spec() -> KernelSpec:
         softcap=True,
         tanh_error_ulp=4096.0,
         known_findings=(
-            KnownFinding(  # measured on the H200, 2026-12-01 (scripts/gpu/forward_surface.sh)
+            KnownFinding(  # measured on the H200 (docs/results-h200.md)
                 check="padding-read",
                 mask_kinds=frozenset({"varlen"}),
                 reason="valid lengths go through mask_mod, and a block the block mask marks "
@@ -81,7 +81,7 @@ def _spec() -> KernelSpec:
                 "kernel; padding must be finite.",
                 link="https://github.com/pytorch/pytorch",
             ),
-            KnownFinding(  # measured on the H200, 2026-12-01 (scripts/gpu/forward_surface.sh)
+            KnownFinding(  # measured on the H200 (docs/results-h200.md)
                 check="hidden-nan",
                 mask_kinds=frozenset({"explicit"}),
                 reason="the same for keys an explicit mask hides from every query: NaN in one "

@@ -8,12 +8,12 @@ Conventions, declared rather than failed on:
   :func:`reference.masks.visible_all`, on the backends that take a mask (math, efficient,
   cuDNN). SDPA has no per-batch lengths, so varlen is only that mask.
 * SDPA returns no LSE through its public API, so ``returns_lse=False``.
-* Measured on torch 2.11 / H200 (2026-11-29): the flash backend refuses ``is_causal`` when
+* Measured on torch 2.11 / H200 (docs/results-h200.md): the flash backend refuses ``is_causal`` when
   Sq != Sk and takes no mask, so it declares no mask kinds; the efficient backend has no GQA;
   cuDNN refuses Sk == 1. A backend's "No available kernel" is raised as
   :class:`kernel.harness.Declined` (the case is skipped with torch's reasons, and counted).
 * Known findings (``KernelSpec.known_findings``), kept in scope rather than declared away.
-  Measured on torch 2.11 / H200 (2026-12-01), bf16 and fp16: math, efficient and cuDNN let NaN
+  Measured on torch 2.11 / H200, bf16 and fp16: math, efficient and cuDNN let NaN
   in masked-out K/V reach every row of the batch (a mask adds -inf to a NaN score, which stays
   NaN; 1e4 there is harmless), so varlen padding is read (``padding-read``); cuDNN gives a
   nonzero output (up to 0.5) for a row that a boolean mask hides entirely, where math and
@@ -28,10 +28,10 @@ Conventions, declared rather than failed on:
   ``enable_gqa``'s autograd. Only math (one fp32 graph) is declared bitwise deterministic: the
   fused backends' backward adds dQ partials atomically. The efficient backend forms
   ``dS = P (dP - D)`` from the P it rounded to 16 bits for ``dV += P^T dO``, not from the fp32
-  P: measured on the H200 (2026-12-01, fp16, 6 saved cases), its dk error was 2.7-6.5x
+  P: measured on the H200 (fp16, 6 saved cases), its dk error was 2.7-6.5x
   FlashAttention's bound and 0.4-0.92x of that chain's bound (``ds_from_rounded_p``), while
   dq and dv fit both. The flash backend rounds each query head's dk/dv to the input dtype
-  before summing a GQA group (``dkv_rounded_per_head``): measured on the H200 (2026-12-01), its
+  before summing a GQA group (``dkv_rounded_per_head``): measured on the H200, its
   GQA cases exceeded FlashAttention's dk/dv bound by 1.01-1.95x, and the emulation of that
   chain reproduces those ratios to three digits within its own bound; cuDNN does the same
   (1.71x / 1.19x on dk / dv, 0.64x / 0.54x of the per-head chain's bound). The efficient and
@@ -78,7 +78,7 @@ _CUDNN_EMPTY_ROWS = KnownFinding(
     link=_PYTORCH,
 )
 
-# Measured on the H200 (torch 2.11, 2026-12-01, properties/test_kernels_backward.py -m gpu): the
+# Measured on the H200 (torch 2.11, properties/test_kernels_backward.py -m gpu): the
 # same NaN reaches the gradients, and cuDNN's hidden rows get nonzero gradients.
 _NAN_THROUGH_MASK_BACKWARD = dataclasses.replace(
     _NAN_THROUGH_MASK,

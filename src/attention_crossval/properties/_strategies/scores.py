@@ -85,7 +85,8 @@ def scaled_scores(case: AttentionCase) -> tuple[np.ndarray, np.ndarray]:
 # Arrays up to this many elements are drawn directly from the case's generator, in float64:
 # every recipe outside the gpu-long and gpu-huge presets keeps its values. Above, one thread drew
 # float64 at ~45 M/s: 16.5 s for the 128k x 8 decode batch (K and V of 2^28 elements, target
-# 20 s for the whole check), and it was 2^28 until 2026-12-01 (gpu-long's values changed then).
+# 20 s for the whole check); the gpu-long and gpu-huge presets' values changed when it came down
+# from 2^28.
 DIRECT_ELEMENTS = 1 << 24
 _NORMAL_CHUNK = 1 << 24  # elements per spawned stream beyond it
 
@@ -133,7 +134,7 @@ def _pattern(
     down, where it must be, to a standard deviation :data:`NOISE_SIGMAS_PER_MARGIN` times below
     it, so that it never reorders the keys the claim ranks (found when a spike of 16 lost to a
     noisy key at scale 1, noise 1, D = 16, and a masked key 2.5 above a visible one to the
-    noise, under two CI seeds of 2026-12-02; logits 20 below the sentinel crossed it at D = 128).
+    noise, under two CI seeds; logits 20 below the sentinel crossed it at D = 128).
     Noise-free recipes draw the same values."""
     s, rng = ctx.shape, ctx.rng
     q = normal(rng, (s.B, s.Sq, s.Hq, s.D))

@@ -119,7 +119,7 @@ def _dominant_sink(draw: st.DrawFn, case: AttentionCase) -> AttentionCase:
     top, _ = _visible_extremes(case)
     # Past 88.7 above the max, exp(sink - max) overflows float32 (past 709.8, float64): a
     # kernel that adds the sink outside its running max returns inf (flash-attn-cute on the
-    # H200, 2026-12-01). A third of the draws overflow float32 only, a third float64 too.
+    # H200, docs/results-h200.md). A third of the draws overflow float32 only, a third float64 too.
     margin = draw(st.one_of(st.floats(20, 80), st.floats(89, 700), st.floats(710, 1000)))
     sink = _sink(np.where(np.isnan(top), 0.0, top) + margin, np.inf)
     return dataclasses.replace(case, sink=sink)
