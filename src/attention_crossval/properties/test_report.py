@@ -27,7 +27,6 @@ from attention_crossval.report.session import run_report
 
 pytestmark = pytest.mark.cpu
 
-ROOT = Path(__file__).resolve().parents[3]
 FAST = RunOptions(rows=8)
 SAME_BY_PATH = "attention_crossval.kernel.adapters.streaming:create"
 
@@ -249,20 +248,14 @@ def test_sampled_configs_repeat_for_a_seed(tmp_path):
     assert first[0].fields()["distribution"] in report_configs.distribution_names()
 
 
-def test_html_renders_its_plots_in_headless_chromium(tiny_report, tmp_path):
+def test_html_renders_its_plots_in_headless_chromium(tiny_report, tmp_path, html_render):
     pytest.importorskip("matplotlib")
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        from check_html_render import check, find_chromium, first_screen_shows_worst
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
-    binary = find_chromium()
-    if binary is None:
-        pytest.skip("no Chromium on PATH (apt-get install -y chromium) to render the HTML report")
-    result = check(tiny_report / "report.html", binary, tmp_path / "shot.png")
+    result = html_render.script.check(
+        tiny_report / "report.html", html_render.binary, tmp_path / "shot.png"
+    )
     assert result["total"] >= 3 and result["loaded"] == result["total"], result
     assert result["screenshot"] and (tmp_path / "shot.png").stat().st_size > 10_000
-    assert first_screen_shows_worst(result), result["first_screen"]
+    assert html_render.script.first_screen_shows_worst(result), result["first_screen"]
 
 
 def test_html_page_skips_records_without_plot_data(tiny_report) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +19,6 @@ from attention_crossval.report.markdown import fmt
 
 pytestmark = pytest.mark.cpu
 
-ROOT = Path(__file__).resolve().parents[3]
 NO_MASK = "attention_crossval.kernel.broken.cpu_mistakes:no_causal_mask"
 RAISES = "attention_crossval.kernel.broken.cpu_faults:raises"
 TINY = ["--preset", "tiny", "--rows", "8", "--no-progress"]
@@ -140,18 +138,10 @@ def test_diff_matches_a_renamed_kernel_path_and_fails_on_lost_records(
     assert "1 removed" in capsys.readouterr().out
 
 
-def test_html_first_screen_shows_the_worst_error_to_bound(broken_report: Path) -> None:
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        from check_html_render import check, find_chromium, first_screen_shows_worst
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
-    binary = find_chromium()
-    if binary is None:
-        pytest.skip("no Chromium on PATH (apt-get install -y chromium) to render the HTML report")
-    result = check(broken_report / "report.html", binary)
+def test_html_first_screen_shows_the_worst_error_to_bound(broken_report: Path, html_render) -> None:
+    result = html_render.script.check(broken_report / "report.html", html_render.binary)
     report = json.loads((broken_report / "report.json").read_text())
-    assert first_screen_shows_worst(result), result["first_screen"]
+    assert html_render.script.first_screen_shows_worst(result), result["first_screen"]
     assert fmt(_worst_forward(report, NO_MASK)) in result["first_screen"]
     assert result["loaded"] == result["total"] >= 3
 
