@@ -257,9 +257,9 @@ def trigger_case(spec: KernelSpec, known: KnownFinding) -> AttentionCase:
     mask hiding whole rows; ``nonfinite``: one query row, hidden; ``nonfinite`` with a sink: one
     query whose scores lie about 1000 below the sink (``exp(sink - max score)`` overflows
     float32); ``hidden-nan``: a window or explicit mask hiding key 0 from every row, the other
-    keys of its tile visible; a paged finding at named head dims: a decode over 25 keys in pages
-    of 16 at the smallest. ValueError for another check, mask kind or feature (write its
-    trigger here)."""
+    keys of its tile visible; a paged finding at named head dims: 63 queries over 64 keys in
+    pages of one key, one head, at the smallest. ValueError for another check, mask kind or
+    feature (write its trigger here)."""
     rng = np.random.default_rng(0)
     dtype = next(d for d in ("bfloat16", "float16", "float32") if d in spec.dtypes)
     D = min(spec.head_dims)
@@ -267,11 +267,11 @@ def trigger_case(spec: KernelSpec, known: KnownFinding) -> AttentionCase:
     if known.check == "nonfinite" and known.features == {"sink"} and not known.mask_kinds:
         return _dominant_sink_case(D, Dv, spec.tile_n, dtype, rng)
     if known.head_dims and known.features == {"paged"} and not known.mask_kinds:
-        # a decode over 25 keys in pages of 16, at the smallest named head dim
+        # one head, 63 queries over 64 keys in pages of one key, at the smallest named head dim
         D = Dv = min(known.head_dims)
-        q, k, v = (rng.standard_normal((1, S, 2, D)) for S in (1, 25, 25))
+        q, k, v = (rng.standard_normal((1, S, 1, D)) for S in (63, 64, 64))
         arrays = (cast_input(a, dtype) for a in (q, k, v))
-        return AttentionCase(*arrays, page_size=16, label=f"trigger:{known.check}")
+        return AttentionCase(*arrays, page_size=1, label=f"trigger:{known.check}")
     Sk = 2 * spec.tile_n
     options: dict[str, Any] = {}
     padding = known.mask_kinds <= {"varlen"} and known.features <= {"paged"}

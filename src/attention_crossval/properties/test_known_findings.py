@@ -54,7 +54,7 @@ _HIDING = {"explicit", "window", "varlen"}
 # flash-attn-cute, H200 2026-12-01: window-hidden keys read; a dominant sink overflows
 _FA_SURFACE = [("hidden-nan", {"window"}, set()), ("nonfinite", set(), {"sink"})]
 # flash-attn-cute, H200 2026-12-02: paged KV at D = 96 gives a wrong, nondeterministic O
-_PAGED_D96 = [(check, set(), {"paged"}) for check in ("determinism", "bound")]
+_PAGED_D96 = [(check, set(), {"paged"}) for check in ("determinism", "bound", "lse")]
 DECLARED = {
     "sdpa-math": [_NAN, _NAN_BACKWARD],
     "sdpa-efficient": [_NAN, _NAN_BACKWARD],
