@@ -34,8 +34,13 @@ from threadpoolctl import threadpool_limits
 
 from attention_crossval.kernel.isolation import DEFAULT_TIMEOUT_S, check_timeout  # noqa: E402
 
-# gpu_workers: one GPU per xdist worker; coverage: shape x mask x distribution x dtype tally
-pytest_plugins = ["attention_crossval.kernel.gpu_workers", "attention_crossval.properties.coverage"]
+# gpu_workers: one GPU per xdist worker; coverage: shape x mask x distribution x dtype tally;
+# phase_timings: seconds per phase of each test (--phase-timings)
+pytest_plugins = [
+    "attention_crossval.kernel.gpu_workers",
+    "attention_crossval.properties.coverage",
+    "attention_crossval.properties.phase_timings",
+]
 
 MARKERS = {
     "cpu": "runs without a GPU (reference-only checks, and kernels declared device='cpu')",

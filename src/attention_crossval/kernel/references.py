@@ -18,13 +18,13 @@ the harness (:func:`kernel.harness.reference_findings`) and the report
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from attention_crossval.kernel.phases import in_phase, phase
 from attention_crossval.kernel.spec import KernelSpec
 from attention_crossval.kernel.verdict import Finding, chain_hint
 from attention_crossval.reference.case import AttentionCase, AttentionResult
@@ -319,6 +319,7 @@ class CaseReferences:
         workers = None if self.long or case.Sk >= PARALLEL_KEYS else 1
         return list(zip(heads, map_heads(case, function, heads, workers=workers), strict=True))
 
+    @in_phase("compare")
     def compare(
         self, tested: AttentionResult, tier: str, spec: KernelSpec, *, scale: float = 1.0
     ) -> Any:
@@ -441,24 +442,19 @@ def _triage(
     return "\n  ".join([*lines, f"triage: {verdict}"])
 
 
-_NESTED: list[float] = []  # per open timed_memo frame: seconds its nested frames took
-
-
 def timed_memo(
     memo: dict, timings: dict[str, float], key: Any, label: str, compute: Callable[[], Any]
 ) -> Any:
-    """``compute()`` once per ``key`` (memoized), its own seconds added to ``timings[label]``:
-    time spent in a nested ``timed_memo`` (a bound computing its float64 reference) counts for
-    the nested label only, so the phases add up to the wall time."""
+    """``compute()`` once per ``key`` (memoized), its own seconds added to ``timings[label]``
+    and to the phase clock (:mod:`kernel.phases`, as ``label`` without its ``_s``): time spent
+    in a nested phase (a bound computing its float64 reference) counts for the nested label
+    only, so the phases add up to the wall time."""
     if key not in memo:
-        _NESTED.append(0.0)
-        start = time.perf_counter()
+        span = None
         try:
-            memo[key] = compute()
+            with phase(label.removesuffix("_s")) as span:
+                memo[key] = compute()
         finally:
-            elapsed = time.perf_counter() - start
-            nested = _NESTED.pop()
-            if _NESTED:
-                _NESTED[-1] += elapsed
-            timings[label] = timings.get(label, 0.0) + elapsed - nested
+            if span is not None:
+                timings[label] = timings.get(label, 0.0) + span.seconds
     return memo[key]
