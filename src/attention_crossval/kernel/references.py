@@ -18,6 +18,7 @@ the harness (:func:`kernel.harness.reference_findings`) and the report
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -352,6 +353,45 @@ class CaseReferences:
         )
 
 
+def case_references(case: AttentionCase, spec: KernelSpec, exact_rows: int) -> CaseReferences:
+    """The references :func:`reference_findings` checks ``spec``'s kernel on ``case`` with."""
+    return CaseReferences(
+        case, rows=exact_rows, device=spec.device, tile_m=spec.tile_m, tile_n=spec.tile_n
+    )
+
+
+def prefetched(refs: CaseReferences, spec: KernelSpec) -> Callable[[], CaseReferences]:
+    """Compute, in a thread, the tiers a short case's comparison for ``spec`` reads (float64,
+    exact, the bounds), while this thread waits on a kernel worker (the wait releases the GIL);
+    returns the join, which gives ``refs`` or raises what the thread raised. A long case's
+    tiers depend on the kernel's result (:meth:`CaseReferences.focus`): nothing is started."""
+    if refs.long:
+        return lambda: refs
+    failed: list[BaseException] = []
+
+    def compute() -> None:
+        try:
+            refs.float64()
+            refs.exact()
+            block_n = spec.block_n_for(refs.case)
+            refs.bounds(
+                spec.precision_for(refs.case.dtype), block_n, tanh_error_ulp=spec.tanh_error_ulp
+            )
+        except BaseException as error:  # noqa: BLE001 - raised again in the caller's thread
+            failed.append(error)
+
+    thread = threading.Thread(target=compute, name="references", daemon=True)
+    thread.start()
+
+    def join() -> CaseReferences:
+        thread.join()
+        if failed:
+            raise failed[0]
+        return refs
+
+    return join
+
+
 def float64_reference(case: AttentionCase, device: str = "cpu") -> AttentionResult:
     """float64 attention on every row: chunked torch on the GPU for a CUDA kernel's large cases
     (above :data:`TORCH_WORK` multiply-adds, when CUDA is there), else the streaming tier in
@@ -391,9 +431,7 @@ def reference_findings(
     ``bound`` message carries the triage (kernel vs streaming emulation, emulation vs exact),
     and with ``hint`` every finding names a neighbouring chain that would pass, if one does
     (``kernel.verdict.chain_hint``)."""
-    refs = references or CaseReferences(
-        case, rows=exact_rows, device=spec.device, tile_m=spec.tile_m, tile_n=spec.tile_n
-    ).focus(result)
+    refs = (references or case_references(case, spec, exact_rows)).focus(result)
     reports = {tier: refs.compare(result, tier, spec) for tier in ("float64", "exact")}
     reports = {tier: report for tier, report in reports.items() if report is not None}
     findings = []
