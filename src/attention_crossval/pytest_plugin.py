@@ -34,8 +34,15 @@ from threadpoolctl import threadpool_limits
 
 from attention_crossval.kernel.isolation import DEFAULT_TIMEOUT_S, check_timeout  # noqa: E402
 
-# gpu_workers: one GPU per xdist worker; coverage: shape x mask x distribution x dtype tally
-pytest_plugins = ["attention_crossval.kernel.gpu_workers", "attention_crossval.properties.coverage"]
+# gpu_workers: one GPU per xdist worker; coverage: shape x mask x distribution x dtype tally;
+# phase_timings: seconds per phase of each test (--phase-timings); long_tests: long_context
+# tests only when asked for
+pytest_plugins = [
+    "attention_crossval.kernel.gpu_workers",
+    "attention_crossval.properties.coverage",
+    "attention_crossval.properties.phase_timings",
+    "attention_crossval.properties.long_tests",
+]
 
 MARKERS = {
     "cpu": "runs without a GPU (reference-only checks, and kernels declared device='cpu')",
@@ -43,6 +50,8 @@ MARKERS = {
     "kernel": "checks the kernel under test (--kernel); carries cpu or gpu by the kernel's device",
     "blackwell": "needs an SM100 (Blackwell) GPU; skipped elsewhere",
     "slow": "long-running checks (thorough runs)",
+    "long_context": "long-context and huge-tensor GPU checks (minutes each): left out unless -m "
+    "names long_context or their file is named (pytest -m long_context)",
     "backward": "checks the backward pass (dq, dk, dv); set on this package's backward test "
     "modules (properties/*backward*.py) by the plugin: -m backward runs them alone",
 }

@@ -48,7 +48,11 @@ from attention_crossval.kernel.isolation import (
     execute,
     private_copy,
 )
-from attention_crossval.kernel.references import reference_findings
+from attention_crossval.kernel.references import (
+    case_references,
+    prefetched,
+    reference_findings,
+)
 from attention_crossval.kernel.saved_cases import kernel_spelling, store_kernel
 from attention_crossval.kernel.spec import KernelAdapter, KernelSpec
 from attention_crossval.kernel.verdict import CHECKS, CheckFailed, Finding, Verdict
@@ -148,6 +152,10 @@ def run_case(
         return Verdict(spec.name, case.describe(), skipped=reason)
     checks = applied_checks(adapter) - skip_checks
     poisoned = fill_padding(case, np.nan) if "padding-read" in checks else case
+    # In a worker the kernel runs in another process: its references are computed meanwhile
+    references = None
+    if compare and isolated is not None:
+        references = prefetched(case_references(case, spec, exact_rows), spec)
 
     def call(which: AttentionCase, prefill: str) -> Run:
         if isolated is not None:
@@ -179,7 +187,8 @@ def run_case(
     except Declined as declined:
         return Verdict(spec.name, case.describe(), skipped=f"declined by the kernel: {declined}")
     if compare and result is not None and not any(f.check in _BLOCKING for f in findings):
-        findings += reference_findings(case, result, spec, exact_rows=exact_rows)
+        refs = None if references is None else references()  # unjoined, it ends on its own
+        findings += reference_findings(case, result, spec, exact_rows=exact_rows, references=refs)
     if findings and result is not None and raw is not None:
         findings = with_cause_hints(case, raw, findings)
     if findings and finding_dir is not None:

@@ -35,6 +35,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from attention_crossval.kernel.mapped import Mapped, outbound
+from attention_crossval.kernel.phases import CLOCK, phase
 from attention_crossval.kernel.spec import KernelAdapter, KernelSpec
 from attention_crossval.reference.case import AttentionCase, AttentionResult
 from attention_crossval.reference.gradients import BackwardCase, Gradients
@@ -119,7 +120,8 @@ def watch_inputs(
     mapping, :mod:`kernel.mapped`), else a copy is taken."""
     if before is None:
         before = {name: array.copy() for name, array in inputs.items()}
-    result, writes = call()
+    with phase("kernel"):
+        result, writes = call()
     if not isinstance(result, returns):
         raise TypeError(f"the kernel returned {type(result).__name__}, not {returns.__name__}")
     changed = tuple(
@@ -227,25 +229,32 @@ def _worker_main(kernel: str, conn: Any, caller_pid: int, environment: dict[str,
         message = conn.recv()
         if message is None:
             return
-        method, payload, prefill = message
-        try:
-            case, clean = payload, None
-            if isinstance(payload, Mapped):  # the kernel's copy-on-write views, and the clean ones
-                case, clean = payload.load(writable=True), payload.load(writable=False)
-            run = _method(method)(adapter, case, prefill, clean)
-            del case, clean  # drop the mappings (and any private pages) now, not at the next call
-            conn.send(("ok", _plain(run.result), run.writes, run.input_writes))
-        except Declined as declined:
-            conn.send(("declined", str(declined), "", False))
-        except KeyboardInterrupt as interrupt:  # raised by the kernel itself (SIGINT is ignored)
-            text = f"kernel raised KeyboardInterrupt{f': {interrupt}' if str(interrupt) else ''}"
-            conn.send(("error", text, traceback.format_exc(limit=4), False))
-        except Exception as error:  # noqa: BLE001 - any kernel error is a finding, reported back
-            text = f"{type(error).__name__}: {error}"
-            restart = isinstance(error, MemoryError) or any(
-                word in text.lower() for word in _RESTART_WORDS
-            )
-            conn.send(("error", text, traceback.format_exc(limit=4), restart))
+        CLOCK.take()  # each reply carries the phases of its own call only
+        reply = _answer(adapter, *message)
+        conn.send((*reply, CLOCK.take()))
+
+
+def _answer(adapter: KernelAdapter, method: str, payload: Any, prefill: str) -> tuple:
+    """A worker's reply to one call: ``("ok", result, writes, input_writes)``, ``("declined",
+    reason, "", False)`` or ``("error", text, traceback, restart)``."""
+    try:
+        case, clean = payload, None
+        if isinstance(payload, Mapped):  # the kernel's copy-on-write views, and the clean ones
+            case, clean = payload.load(writable=True), payload.load(writable=False)
+        run = _method(method)(adapter, case, prefill, clean)
+        del case, clean  # drop the mappings (and any private pages) now, not at the next call
+        return ("ok", _plain(run.result), run.writes, run.input_writes)
+    except Declined as declined:
+        return ("declined", str(declined), "", False)
+    except KeyboardInterrupt as interrupt:  # raised by the kernel itself (SIGINT is ignored)
+        text = f"kernel raised KeyboardInterrupt{f': {interrupt}' if str(interrupt) else ''}"
+        return ("error", text, traceback.format_exc(limit=4), False)
+    except Exception as error:  # noqa: BLE001 - any kernel error is a finding, reported back
+        text = f"{type(error).__name__}: {error}"
+        restart = isinstance(error, MemoryError) or any(
+            word in text.lower() for word in _RESTART_WORDS
+        )
+        return ("error", text, traceback.format_exc(limit=4), restart)
 
 
 def _method(name: str) -> Callable[[Any, Any, str, Any], Run]:
@@ -330,7 +339,11 @@ class IsolatedKernel:
         ``method`` "run" is the forward, "backward" the backward (a ``BackwardCase``)."""
         if self._process is None or not self._process.is_alive() or self._handshake_pending:
             self._start()
-        reply = self._request((method, outbound(case), prefill), self.timeout_s, "hang")
+        with phase("transfer"):  # less the worker's own phases, added inside
+            *reply, worker_phases = self._request(
+                (method, outbound(case), prefill), self.timeout_s, "hang"
+            )
+            CLOCK.add(worker_phases)
         if reply[0] == "declined":
             raise Declined(reply[1])
         if reply[0] == "error":
@@ -379,13 +392,14 @@ class IsolatedKernel:
         alive = self._process is not None and self._process.is_alive()
         if alive and not self._handshake_pending:
             return
-        if not alive:
-            self._spawn()
-        self._handshake_pending = False  # whatever comes next is the handshake or a failure
         try:
-            reply = self._request(
-                None, self.start_timeout_s, "worker start: spawn, imports, kernel set-up"
-            )
+            with phase("worker_start"):
+                if not alive:
+                    self._spawn()
+                self._handshake_pending = False  # what comes next: the handshake or a failure
+                reply = self._request(
+                    None, self.start_timeout_s, "worker start: spawn, imports, kernel set-up"
+                )
         except KernelCrashed as error:
             raise KernelCrashed(error.check, f"kernel={self.kernel!r}: {error}") from None
         if reply[0] == "failed":

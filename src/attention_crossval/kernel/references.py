@@ -18,13 +18,14 @@ the harness (:func:`kernel.harness.reference_findings`) and the report
 from __future__ import annotations
 
 import dataclasses
-import time
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from attention_crossval.kernel.phases import in_phase, phase
 from attention_crossval.kernel.spec import KernelSpec
 from attention_crossval.kernel.verdict import Finding, chain_hint
 from attention_crossval.reference.case import AttentionCase, AttentionResult
@@ -319,6 +320,7 @@ class CaseReferences:
         workers = None if self.long or case.Sk >= PARALLEL_KEYS else 1
         return list(zip(heads, map_heads(case, function, heads, workers=workers), strict=True))
 
+    @in_phase("compare")
     def compare(
         self, tested: AttentionResult, tier: str, spec: KernelSpec, *, scale: float = 1.0
     ) -> Any:
@@ -349,6 +351,45 @@ class CaseReferences:
             output_dtype=output_dtype(spec, self.case.dtype),
             rows=rows,
         )
+
+
+def case_references(case: AttentionCase, spec: KernelSpec, exact_rows: int) -> CaseReferences:
+    """The references :func:`reference_findings` checks ``spec``'s kernel on ``case`` with."""
+    return CaseReferences(
+        case, rows=exact_rows, device=spec.device, tile_m=spec.tile_m, tile_n=spec.tile_n
+    )
+
+
+def prefetched(refs: CaseReferences, spec: KernelSpec) -> Callable[[], CaseReferences]:
+    """Compute, in a thread, the tiers a short case's comparison for ``spec`` reads (float64,
+    exact, the bounds), while this thread waits on a kernel worker (the wait releases the GIL);
+    returns the join, which gives ``refs`` or raises what the thread raised. A long case's
+    tiers depend on the kernel's result (:meth:`CaseReferences.focus`): nothing is started."""
+    if refs.long:
+        return lambda: refs
+    failed: list[BaseException] = []
+
+    def compute() -> None:
+        try:
+            refs.float64()
+            refs.exact()
+            block_n = spec.block_n_for(refs.case)
+            refs.bounds(
+                spec.precision_for(refs.case.dtype), block_n, tanh_error_ulp=spec.tanh_error_ulp
+            )
+        except BaseException as error:  # noqa: BLE001 - raised again in the caller's thread
+            failed.append(error)
+
+    thread = threading.Thread(target=compute, name="references", daemon=True)
+    thread.start()
+
+    def join() -> CaseReferences:
+        thread.join()
+        if failed:
+            raise failed[0]
+        return refs
+
+    return join
 
 
 def float64_reference(case: AttentionCase, device: str = "cpu") -> AttentionResult:
@@ -390,9 +431,7 @@ def reference_findings(
     ``bound`` message carries the triage (kernel vs streaming emulation, emulation vs exact),
     and with ``hint`` every finding names a neighbouring chain that would pass, if one does
     (``kernel.verdict.chain_hint``)."""
-    refs = references or CaseReferences(
-        case, rows=exact_rows, device=spec.device, tile_m=spec.tile_m, tile_n=spec.tile_n
-    ).focus(result)
+    refs = (references or case_references(case, spec, exact_rows)).focus(result)
     reports = {tier: refs.compare(result, tier, spec) for tier in ("float64", "exact")}
     reports = {tier: report for tier, report in reports.items() if report is not None}
     findings = []
@@ -441,24 +480,19 @@ def _triage(
     return "\n  ".join([*lines, f"triage: {verdict}"])
 
 
-_NESTED: list[float] = []  # per open timed_memo frame: seconds its nested frames took
-
-
 def timed_memo(
     memo: dict, timings: dict[str, float], key: Any, label: str, compute: Callable[[], Any]
 ) -> Any:
-    """``compute()`` once per ``key`` (memoized), its own seconds added to ``timings[label]``:
-    time spent in a nested ``timed_memo`` (a bound computing its float64 reference) counts for
-    the nested label only, so the phases add up to the wall time."""
+    """``compute()`` once per ``key`` (memoized), its own seconds added to ``timings[label]``
+    and to the phase clock (:mod:`kernel.phases`, as ``label`` without its ``_s``): time spent
+    in a nested phase (a bound computing its float64 reference) counts for the nested label
+    only, so the phases add up to the wall time."""
     if key not in memo:
-        _NESTED.append(0.0)
-        start = time.perf_counter()
+        span = None
         try:
-            memo[key] = compute()
+            with phase(label.removesuffix("_s")) as span:
+                memo[key] = compute()
         finally:
-            elapsed = time.perf_counter() - start
-            nested = _NESTED.pop()
-            if _NESTED:
-                _NESTED[-1] += elapsed
-            timings[label] = timings.get(label, 0.0) + elapsed - nested
+            if span is not None:
+                timings[label] = timings.get(label, 0.0) + span.seconds
     return memo[key]

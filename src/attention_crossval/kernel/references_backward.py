@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from attention_crossval.kernel.phases import in_phase
 from attention_crossval.kernel.references import TORCH_WORK, timed_memo, work
 from attention_crossval.kernel.spec import KernelSpec
 from attention_crossval.reference.case import AttentionResult
@@ -109,6 +110,7 @@ class BackwardReferences:
             lambda: backward_error_bound(self.case, precision, reference, block_n=tile_n),
         )
 
+    @in_phase("compare")
     def compare(
         self, tested: Gradients, tier: str, spec: KernelSpec, *, scale: float = 1.0
     ) -> dict[str, ErrorReport] | None:

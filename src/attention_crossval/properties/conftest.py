@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -24,3 +25,14 @@ def html_render() -> SimpleNamespace:
     if binary is None:
         pytest.skip("no Chromium on PATH (apt-get install -y chromium) to render the HTML report")
     return SimpleNamespace(script=script, binary=binary)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _kernel_workers() -> Iterator[None]:
+    """The kernel suites' workers (``properties.kernels_under_test.worker``) live for the whole
+    session, shared by every test module: a worker's start imports torch or CuTe DSL and sets up
+    CUDA (seconds each), and a module that closed them made the next one start them again."""
+    yield
+    from attention_crossval.properties.kernels_under_test import close_workers
+
+    close_workers()

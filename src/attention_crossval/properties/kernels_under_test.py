@@ -29,7 +29,8 @@ _WORKERS: dict[str, IsolatedKernel] = {}
 
 
 def worker(kernel: str) -> IsolatedKernel:
-    """The kernel's worker, started on first use and shared by the tests of a module."""
+    """The kernel's worker, started on first use and shared by every test of the session (closed
+    at its end, properties/conftest.py)."""
     if kernel not in _WORKERS:
         _WORKERS[kernel] = IsolatedKernel(kernel, timeout_s=300.0)
     return _WORKERS[kernel]

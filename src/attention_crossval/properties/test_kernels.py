@@ -36,12 +36,12 @@ from attention_crossval.properties.coverage import coverage_key, feature_sweep, 
 from attention_crossval.properties.fail_fast import run_failing_fast, stop_on_fault
 from attention_crossval.properties.kernels_under_test import (
     chosen_kernels,
-    close_workers,
     kernel_adapter,
     kernel_param,
     kernel_spec,
     worker,
 )
+from attention_crossval.properties.phase_timings import timed_cases
 from attention_crossval.properties.replay import reproducer_on_failure
 from attention_crossval.properties.strategies import attention_cases, case_features
 from attention_crossval.pytest_plugin import kernel_seed
@@ -88,12 +88,6 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize(("kernel", "feature"), params)
     else:
         metafunc.parametrize("kernel", [kernel_param(k, id=k) for k in kernels])
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _close_workers():
-    yield
-    close_workers()
 
 
 def _settings_for(spec: KernelSpec, max_examples: int | None = None) -> settings:
@@ -150,7 +144,7 @@ def _run_property(
     ran: list[AttentionCase] = []
 
     @chosen
-    @given(case=strategy)
+    @given(case=timed_cases(strategy))
     def check(case: AttentionCase) -> None:
         __tracebackhide__ = True  # pytest would print the case's arrays as this frame's argument
         verdict = run_with_known(adapter, case)

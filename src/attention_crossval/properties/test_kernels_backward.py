@@ -33,10 +33,10 @@ from attention_crossval.kernel.spec import KernelSpec
 from attention_crossval.properties.fail_fast import run_failing_fast, stop_on_fault
 from attention_crossval.properties.kernels_under_test import (
     chosen_kernels,
-    close_workers,
     kernel_adapter,
     kernel_param,
 )
+from attention_crossval.properties.phase_timings import timed_cases
 from attention_crossval.properties.replay import reproducer_on_failure
 from attention_crossval.properties.strategies import backward_cases, spec_features
 from attention_crossval.properties.test_kernels import _settings_for
@@ -52,12 +52,6 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         if not metafunc.config.getoption("--kernel") and "streaming-fa" not in chosen:
             chosen.insert(0, "streaming-fa")  # the CPU backward runs next to the GPU kernels
         metafunc.parametrize("kernel", [kernel_param(name, id=name) for name in chosen])
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _close_workers():
-    yield
-    close_workers()
 
 
 # Key blocks the longest drawn case spans (plus one key): lengths cluster at the tile edges below
@@ -103,7 +97,7 @@ def test_kernel_backward_passes_every_check(kernel: str, request: pytest.Fixture
     for name, strategy in strategies.items():
 
         @share
-        @given(case=strategy)
+        @given(case=timed_cases(strategy))
         def check(case: BackwardCase) -> None:
             __tracebackhide__ = True  # pytest would print the case's arrays as its argument
             verdict = run_backward_with_known(

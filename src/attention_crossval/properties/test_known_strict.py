@@ -15,7 +15,6 @@ from attention_crossval.kernel.harness_backward import run_backward_case
 from attention_crossval.kernel.known_findings import backward_trigger_case, trigger_case
 from attention_crossval.kernel.registry import GPU_BUILTIN
 from attention_crossval.properties.kernels_under_test import (
-    close_workers,
     kernel_adapter,
     kernel_param,
     kernel_spec,
@@ -45,12 +44,6 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         skip = pytest.mark.skip(reason="no kernel under test declares a known finding")
         params = [pytest.param(None, None, marks=[pytest.mark.cpu, skip])]
     metafunc.parametrize(("known_kernel", "known_index"), params)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _close_workers():
-    yield
-    close_workers()
 
 
 def test_known_finding_still_reproduces(known_kernel: str, known_index: int) -> None:

@@ -2,8 +2,9 @@
 prefill and decodes against 128k keys, and on a K of more than 2^31 elements (``gpu-huge``);
 a Triton kernel whose bug shows only past 32k keys, caught at 64k. All through the report's
 checks; skipped without CUDA, without the kernel's package, or (``gpu-huge``) without the host
-and GPU memory, each with the reason. The CPU side is ``test_long_context.py`` and
-``test_huge_tensors.py``."""
+and GPU memory, each with the reason. Marked ``long_context``: left out of ``pytest -m gpu``,
+run by ``pytest -m long_context`` (properties/long_tests.py). The CPU side is
+``test_long_context.py`` and ``test_huge_tensors.py``."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from attention_crossval.report.configs import Config, preset
+
+pytestmark = pytest.mark.long_context
 
 _TARGETS = {  # config of the gpu-long preset -> wall-time target in seconds (the issue's)
     "long-prefill-64k": 60.0,

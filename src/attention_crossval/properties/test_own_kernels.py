@@ -36,10 +36,7 @@ from attention_crossval.kernel.adapters.own_sm90 import DEFAULT_KNOBS, window_bo
 from attention_crossval.kernel.harness import run_case
 from attention_crossval.kernel.registry import BUILTIN, NEVER_RUN, resolve
 from attention_crossval.properties.kernels_under_test import worker
-from attention_crossval.properties.test_kernels import (  # noqa: F401 - autouse fixture, reused
-    _close_workers,
-    free_property,
-)
+from attention_crossval.properties.test_kernels import free_property
 from attention_crossval.reference.case import AttentionCase, Mask
 from attention_crossval.reference.masks import visible
 from attention_crossval.reference.precision import cast_input

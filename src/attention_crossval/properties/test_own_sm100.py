@@ -24,10 +24,7 @@ import pytest
 from attention_crossval.kernel.harness import run_case
 from attention_crossval.kernel.registry import resolve
 from attention_crossval.properties.kernels_under_test import worker
-from attention_crossval.properties.test_kernels import (  # noqa: F401 - autouse fixture, reused
-    _close_workers,
-    free_property,
-)
+from attention_crossval.properties.test_kernels import free_property
 from attention_crossval.properties.test_own_kernels import (
     CONFIGS,
     TARGETED,

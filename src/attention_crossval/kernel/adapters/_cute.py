@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from typing import Any
 
+from attention_crossval.kernel.phases import phase
 from attention_crossval.kernel.spec import KernelSpec
 from attention_crossval.reference.case import CausalAlignment
 
@@ -106,6 +107,7 @@ def launch(
     if max_ctas is not None:
         args.append(cutlass.Int32(max_ctas))
     if key not in _COMPILED:
-        kernel = make_kernel(dtype, key[2], key[3])
-        _COMPILED[key] = cute.compile(kernel, *args)
+        with phase("compile"):
+            kernel = make_kernel(dtype, key[2], key[3])
+            _COMPILED[key] = cute.compile(kernel, *args)
     _COMPILED[key](*args)

@@ -41,12 +41,18 @@ run on the H200):
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from attention_crossval.kernel.adapters import _torch
-from attention_crossval.kernel.adapters.flash_attn_cute_backward import CuteBackward, seqused
+from attention_crossval.kernel.adapters.flash_attn_cute_backward import (
+    CuteBackward,
+    compile_cache_entries,
+    seqused,
+)
 from attention_crossval.kernel.known_findings import KnownFinding
+from attention_crossval.kernel.phases import compiles
 from attention_crossval.kernel.spec import KernelSpec
 from attention_crossval.reference.case import AttentionCase, CausalAlignment
 
@@ -57,6 +63,8 @@ _SM90_HEAD_DIMS = frozenset({64, 96, 128, 192, 256})
 _SM90_HEAD_DIM_PAIRS = frozenset({(d, d) for d in _SM90_HEAD_DIMS} | {(192, 128)})
 _SM90_KV_BLOCKS = {96: 16, 192: 16, 256: 16}
 _SM100_MAX_SPLITS = 16  # an upper end to draw from; the combine takes up to 256
+# flash-attn-4's switch for its file cache of compiled kernels (flash_attn/cute/cache_utils.py)
+COMPILE_CACHE_ENV = "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"
 
 
 def _compute_major() -> int:
@@ -197,23 +205,34 @@ class FlashAttnCuteAdapter(CuteBackward, _torch.GuardedOutputsAdapter):
                 "seqused_k": seqused(mask.k_lengths, q.device),
             }
         sink = None if case.sink is None else _torch.float32_tensor(case.sink, q.device)
-        _flash_attn_fwd(
-            q,
-            k,
-            v,
-            **(lengths | layout),
-            softmax_scale=case.softmax_scale,
-            causal=mask.causal,
-            softcap=case.softcap,
-            window_size_left=mask.window_left,
-            window_size_right=mask.window_right,
-            learnable_sink=sink,
-            num_splits=case.num_splits,
-            return_lse=True,
-            out=out,
-            lse=lse,
-        )
+        with compiles(compile_cache_entries("_flash_attn_fwd")):
+            _flash_attn_fwd(
+                q,
+                k,
+                v,
+                **(lengths | layout),
+                softmax_scale=case.softmax_scale,
+                causal=mask.causal,
+                softcap=case.softcap,
+                window_size_left=mask.window_left,
+                window_size_right=mask.window_right,
+                learnable_sink=sink,
+                num_splits=case.num_splits,
+                return_lse=True,
+                out=out,
+                lse=lse,
+            )
+
+
+def use_persistent_compile_cache() -> None:
+    """Turn on flash_attn.cute's own file cache of compiled kernels (off by default in
+    flash-attn-4; read when ``flash_attn.cute`` is first imported), so the kernel workers of a
+    run, and later runs on the same machine, load a configuration another one compiled instead
+    of compiling it again. ``FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=0`` keeps it off;
+    ``FLASH_ATTENTION_CUTE_DSL_CACHE_DIR`` moves it (default ``$TMPDIR/$USER/``)."""
+    os.environ.setdefault(COMPILE_CACHE_ENV, "1")
 
 
 def create() -> FlashAttnCuteAdapter:
+    use_persistent_compile_cache()
     return FlashAttnCuteAdapter()

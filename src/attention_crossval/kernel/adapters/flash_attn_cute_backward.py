@@ -16,12 +16,17 @@ Varlen is ``seqused_q`` / ``seqused_k`` as in the forward; rows past them are no
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from attention_crossval.kernel.adapters import _torch
 from attention_crossval.kernel.harness import fill_padding
+from attention_crossval.kernel.phases import compiles
 from attention_crossval.kernel.spec import KernelSpec
 from attention_crossval.reference.gradients import BackwardCase, Gradients
+
+# What one backward call may compile: the backward kernel and its pre- and postprocessing.
+_BACKWARD_FUNCTIONS = ("_flash_attn_bwd", "_bwd_preprocess", "_bwd_postprocess_convert")
 
 
 def seqused(values: tuple[int, ...] | None, device: Any) -> Any:
@@ -29,6 +34,16 @@ def seqused(values: tuple[int, ...] | None, device: Any) -> Any:
     import torch
 
     return None if values is None else torch.tensor(values, dtype=torch.int32, device=device)
+
+
+def compile_cache_entries(*names: str) -> Callable[[], int]:
+    """How many configurations the compile caches (``compile_cache``, a dict per function) of
+    ``flash_attn.cute.interface``'s functions ``names`` hold: what :func:`kernel.phases.compiles`
+    watches to time a call that compiled as ``compile``."""
+    from flash_attn.cute import interface
+
+    caches = [getattr(getattr(interface, name), "compile_cache", None) for name in names]
+    return lambda: sum(len(getattr(cache, "cache", ())) for cache in caches)
 
 
 class CuteBackward:
@@ -62,24 +77,26 @@ class CuteBackward:
             for name, shape in shapes.items()
         }
         mask = fwd.mask
-        _flash_attn_bwd(
-            q,
-            k,
-            v,
-            out,
-            _torch.to_device(case.do),
-            lse,
-            softmax_scale=fwd.softmax_scale,
-            causal=mask.causal,
-            window_size_left=mask.window_left,
-            window_size_right=mask.window_right,
-            seqused_q=seqused(mask.q_lengths, q.device),
-            seqused_k=seqused(mask.k_lengths, q.device),
-            deterministic=bool(self.spec.backward_deterministic),
-            dq=grads["dq"].view,
-            dk=grads["dk"].view,
-            dv=grads["dv"].view,
-        )
+        entries = compile_cache_entries(*_BACKWARD_FUNCTIONS)
+        with compiles(entries):
+            _flash_attn_bwd(
+                q,
+                k,
+                v,
+                out,
+                _torch.to_device(case.do),
+                lse,
+                softmax_scale=fwd.softmax_scale,
+                causal=mask.causal,
+                window_size_left=mask.window_left,
+                window_size_right=mask.window_right,
+                seqused_q=seqused(mask.q_lengths, q.device),
+                seqused_k=seqused(mask.k_lengths, q.device),
+                deterministic=bool(self.spec.backward_deterministic),
+                dq=grads["dq"].view,
+                dk=grads["dk"].view,
+                dv=grads["dv"].view,
+            )
         torch.cuda.synchronize()
         writes = tuple(w for name, grad in grads.items() for w in grad.guard_writes(name))
         return Gradients(**{n: _torch.to_host(g.view) for n, g in grads.items()}), writes
@@ -88,8 +105,13 @@ class CuteBackward:
 def deterministic() -> Any:
     """``flash-attn-cute`` with ``deterministic=True`` in the backward, declared bitwise
     repeatable (its forward is the same)."""
-    from attention_crossval.kernel.adapters.flash_attn_cute import FlashAttnCuteAdapter, _spec
+    from attention_crossval.kernel.adapters.flash_attn_cute import (
+        FlashAttnCuteAdapter,
+        _spec,
+        use_persistent_compile_cache,
+    )
 
+    use_persistent_compile_cache()
     spec = dataclasses.replace(
         _spec(), name="flash-attn-cute-deterministic", backward_deterministic=True
     )
