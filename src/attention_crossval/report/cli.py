@@ -9,6 +9,7 @@ attention-report diff old/report.json new/report.json   # exit 1 on regressions,
 attention-report --preset gpu-small --kernel sdpa-flash --gpus all --out DIR   # one shard per GPU
 attention-report merge OUT DIR/shard-0-of-2 DIR/shard-1-of-2   # merge --shard K/N runs
 attention-report --shard auto/8 --out /shared/run   # scheduler array task: docs/campaigns.md
+attention-report repro CASE.npz --out DIR          # standalone reproducer: docs/repro.md
 """
 
 from __future__ import annotations
@@ -435,6 +436,39 @@ def merge_main(argv: Sequence[str]) -> int:
     return _summary_line(report, args.out, exit_zero=args.exit_zero)
 
 
+def _repro_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="attention-report repro",
+        description="Write a standalone reproducer folder for a saved failing case: repro.py "
+        "(numpy and the kernel's public call, exit 1 while the bug is there), case.npz and "
+        "REPORT.md, a bug-report draft (docs/repro.md).",
+    )
+    parser.add_argument("case", type=_existing_file, help="a case saved by a failing test (.npz)")
+    parser.add_argument(
+        "--out",
+        type=_directory,
+        default=None,
+        metavar="DIR",
+        help="the folder to write (default: repro-<case name> beside the case)",
+    )
+    parser.add_argument(
+        "--kernel",
+        default=None,
+        metavar="NAME_OR_PATH",
+        help="the kernel to reproduce with (default: the one saved with the case)",
+    )
+    return parser
+
+
+def repro_main(argv: Sequence[str]) -> int:
+    from attention_crossval.report.repro import write_repro_for_file
+
+    args = _repro_parser().parse_args(argv)
+    folder = write_repro_for_file(args.case, args.out, kernel=args.kernel)
+    print(f"attention-report repro: wrote {folder}/ (run: python {folder}/repro.py)")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:  # BLAS on one thread: its default pool makes the tiers' small GEMMs far slower
@@ -443,6 +477,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return diff_main(argv[1:])
             if argv[:1] == ["merge"]:
                 return merge_main(argv[1:])
+            if argv[:1] == ["repro"]:
+                return repro_main(argv[1:])
             return run_main(argv[1:] if argv[:1] == ["run"] else argv)
     except (ValueError, OSError) as error:  # bad options or inputs: a message, not a traceback
         message = " | ".join(line.strip() for line in str(error).splitlines() if line.strip())
