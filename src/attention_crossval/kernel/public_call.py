@@ -25,6 +25,7 @@ anything ``np.asarray`` turns into float64.
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,9 +52,23 @@ class PublicCall:
             raise ValueError(f"PublicCall.api={self.api!r} must be a non-empty str")
 
 
-def project_call(path: str) -> PublicCall:
-    """The call of one of this package's own kernels (``package.module:attr``): its adapter on
-    the package's own case type, which is that kernel's only public API."""
+# What a torch call hands back: ``o`` from a ``[B, Sq, Hq, Dv]`` tensor ``out``, after the GPU
+# finished (a reproducer's last lines for every torch kernel).
+TORCH_RESULT = ("torch.cuda.synchronize()", "o = out.double().cpu().numpy()")
+
+
+def dense_visible_tensor(name: str) -> str:
+    """A script line setting ``name`` to ``visible`` as a CUDA bool tensor ``[B, Hq, Sq, Sk]``."""
+    return (
+        f"{name} = torch.from_numpy(np.ascontiguousarray(np.broadcast_to(visible, "
+        "(q.shape[0], q.shape[2], q.shape[1], k.shape[1])))).cuda()"
+    )
+
+
+def project_call(path: str, *, factory: bool) -> PublicCall:
+    """The call of one of this package's own kernels (``package.module:attr``, a zero-argument
+    ``factory`` or the adapter): its adapter on the package's own case type, which is that
+    kernel's only public API."""
     module, _, attr = path.partition(":")
     return PublicCall(
         api=path,
@@ -62,8 +77,7 @@ def project_call(path: str) -> PublicCall:
             "from attention_crossval.reference.case import AttentionCase, CausalAlignment, Mask",
         ),
         lines=(
-            f"kernel = {module}.{attr}",
-            "kernel = kernel() if not hasattr(kernel, 'spec') else kernel",
+            f"kernel = {module}.{attr}{'()' if factory else ''}",
             "mask = Mask(causal=CAUSAL, window_left=WINDOW[0], window_right=WINDOW[1],",
             "            alignment=CausalAlignment(ALIGNMENT), q_lengths=Q_LENGTHS,",
             "            k_lengths=K_LENGTHS, explicit=EXPLICIT)",
@@ -77,17 +91,16 @@ def project_call(path: str) -> PublicCall:
     )
 
 
-def fallback_call(path: str) -> PublicCall:
-    """The generic call of a user's adapter ``package.module:attr`` that spells none: the
-    script imports the module (never this package) and calls the adapter on ``case``, the
-    small case container the script defines (``make_case``)."""
+def fallback_call(path: str, *, factory: bool) -> PublicCall:
+    """The generic call of a user's adapter ``package.module:attr`` (a zero-argument
+    ``factory`` or the adapter) that spells none: the script imports the module (never this
+    package) and calls the adapter on the small case container it defines (``make_case``)."""
     module, _, attr = path.partition(":")
     return PublicCall(
         api=f"{path} (the adapter itself)",
         imports=(f"import {module}",),
         lines=(
-            f"kernel = {module}.{attr}",
-            "kernel = kernel() if not hasattr(kernel, 'spec') else kernel",
+            f"kernel = {module}.{attr}{'()' if factory else ''}",
             "result = kernel(make_case(q, k, v, pad))",
             "o, lse = result.o, result.lse",
         ),
@@ -115,6 +128,15 @@ def public_call(adapter: Any, case: AttentionCase, kernel: str | None) -> Public
             "package.module:attr) when its adapter has no repro_call"
         )
     path = factory_path(kernel)
-    if path.startswith("attention_crossval."):
-        return project_call(path)
-    return fallback_call(path)
+    spell = project_call if path.startswith("attention_crossval.") else fallback_call
+    return spell(path, factory=_is_factory(path))
+
+
+def _is_factory(path: str) -> bool:
+    """Whether ``package.module:attr`` names a factory rather than an adapter (as
+    :func:`kernel.registry.resolve` tells them apart)."""
+    from attention_crossval.kernel.spec import KernelAdapter
+
+    module, _, attr = path.partition(":")
+    target = getattr(importlib.import_module(module), attr)
+    return callable(target) and not isinstance(target, KernelAdapter)

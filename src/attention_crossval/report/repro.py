@@ -66,13 +66,15 @@ def write_repro(
     spelling: Any = None,
     check: str | None = None,
     trimmed: bool = True,
+    run: bool = True,
 ) -> Path:
     """Write the reproducer folder ``out`` for ``adapter`` failing ``case`` (``check``, or the
     first failed check a script can apply) and return it. ``adapter`` runs the case (a worker
     for a user's kernel); ``spelling`` is the in-process adapter whose ``repro_call`` spells
     the public call (default ``adapter``), ``kernel`` its ``--kernel`` spelling for the
-    fallback. ValueError when the kernel passes, or no failed check has a standalone script."""
-    evidence = gather(adapter, case, check=check, trimmed=trimmed)
+    fallback. ValueError when the kernel passes, or no failed check has a standalone script.
+    Without ``run`` the kernel is not called (:func:`report.repro_case.gather`)."""
+    evidence = gather(adapter, case, check=check, trimmed=trimmed, run=run)
     call = public_call(spelling if spelling is not None else adapter, evidence.case, kernel)
     spec = adapter.spec
     script_case = ScriptCase(

@@ -19,7 +19,7 @@ from attention_crossval.kernel.harness import run_case
 from attention_crossval.kernel.known_findings import KnownFinding, covering
 from attention_crossval.kernel.references import CaseReferences
 from attention_crossval.kernel.verdict import Finding, Verdict
-from attention_crossval.reference.case import AttentionCase
+from attention_crossval.reference.case import AttentionCase, AttentionResult
 from attention_crossval.reference.masks import empty_rows
 from attention_crossval.report.repro_script import SCRIPT_CHECKS
 
@@ -158,14 +158,31 @@ def trim(
 
 
 def gather(
-    adapter: Any, case: AttentionCase, *, check: str | None = None, trimmed: bool = True
+    adapter: Any,
+    case: AttentionCase,
+    *,
+    check: str | None = None,
+    trimmed: bool = True,
+    run: bool = True,
 ) -> Evidence:
     """Run ``adapter`` on ``case``, choose the check to reproduce (:func:`choose_check`), trim
-    the case (:func:`trim`) and record the figures (:func:`record`)."""
+    the case (:func:`trim`) and record the figures (:func:`record`). Without ``run`` (a GPU
+    kernel's script written on a machine without one), ``check`` is taken as given, the case as
+    it is, and only the references' figures are recorded."""
     spec = adapter.spec
     reason = spec.unsupported(case)
     if reason is not None:
         raise ValueError(f"the case is outside {spec.name}'s declaration: {reason}")
+    if not run:
+        if check not in SCRIPT_CHECKS:
+            raise ValueError(
+                f"check={check!r}: a script written without running the kernel needs one of "
+                f"{sorted(SCRIPT_CHECKS)}"
+            )
+        finding = Finding(check, "not run when this script was written (no device for it)")
+        recorded, arrays = record(spec, case, None, finding)
+        known = covering(spec, case, [finding])
+        return Evidence(case, check, finding, recorded, arrays, known, (), case.describe())
     verdict = run_case(adapter, case)
     if verdict.skipped is not None:
         raise ValueError(f"{spec.name} skipped the case: {verdict.skipped}")
@@ -175,58 +192,61 @@ def gather(
     if trimmed:
         case, verdict, trims = trim(case, verdict, chosen, lambda c: run_case(adapter, c))
     finding = next(f for f in verdict.findings if f.check == chosen)
-    recorded, arrays = record(spec, case, verdict, finding)
+    recorded, arrays = record(spec, case, verdict.result, finding)
     known = covering(spec, case, [finding])
     return Evidence(case, chosen, finding, recorded, arrays, known, trims, original)
 
 
 def record(
-    spec: Any, case: AttentionCase, verdict: Verdict, finding: Finding
+    spec: Any, case: AttentionCase, result: AttentionResult | None, finding: Finding
 ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """The figures written into the script (``RECORDED``) and, for ``bound`` / ``lse``, the
     per-element bounds it checks against, derived from ``spec``'s declared chain
-    (:meth:`kernel.references.CaseReferences.bounds`) around float64 attention."""
+    (:meth:`kernel.references.CaseReferences.bounds`) around float64 attention; with the
+    kernel's ``result``, also its worst element against them."""
     recorded: dict[str, Any] = {
         "finding": f"{finding.check}: {finding.message.splitlines()[0]}",
         "kernel": spec.name,
     }
-    if finding.check not in ("bound", "lse") or verdict.result is None:
+    if finding.check not in ("bound", "lse"):
         return recorded, {}
     refs = CaseReferences(case, rows=0, device=spec.device, tile_m=spec.tile_m, tile_n=spec.tile_n)
     precision = spec.precision_for(case.dtype)
     bound, lse_bound = refs.bounds(
         precision, spec.block_n_for(case), tanh_error_ulp=spec.tanh_error_ulp
     )
-    expected = refs.float64()
     recorded["chain"] = chain_words(precision)
+    name, limit = ("bound", bound) if finding.check == "bound" else ("lse_bound", lse_bound)
+    arrays = {name: np.asarray(limit, np.float64)}
+    if result is None:
+        return recorded, arrays
+    expected = refs.float64()
     seen = ~empty_rows(case)  # [B, Hq, Sq]
-    valid = (
-        np.arange(case.Sq)[None, :] < np.array([case.q_length(b) for b in range(case.B)])[:, None]
-    )
-    rows = seen & valid[:, None, :]
+    lengths = np.array([case.q_length(b) for b in range(case.B)])
+    rows = seen & (np.arange(case.Sq)[None, :] < lengths[:, None])[:, None, :]
     if finding.check == "bound":
-        got, want, limit = verdict.result.o, expected.o, bound
-        where = rows.transpose(0, 2, 1)[..., None]
-        names = "(b, i, h, d)"
+        got, want, where, names = (
+            result.o,
+            expected.o,
+            rows.transpose(0, 2, 1)[..., None],
+            "b, i, h, d",
+        )
     else:
-        got, want, limit = verdict.result.lse, expected.lse, lse_bound
-        where = rows
-        names = "(b, h, i)"
+        got, want, where, names = result.lse, expected.lse, rows, "b, h, i"
     error = np.abs(got - want)
     error = np.where(np.isnan(error), np.inf, error)
     ratio = np.divide(error, limit, out=np.where(error > 0, np.inf, 0.0), where=limit > 0)
     ratio = np.where(where, ratio, 0.0)
     at = tuple(int(x) for x in np.unravel_index(np.argmax(ratio), ratio.shape))
     recorded |= {
-        "worst": f"{names} = {at}",
+        "worst": f"({names}) = {at}",
         "kernel_value": float(got[at]),
         "float64_value": float(want[at]),
         "bound_at_worst": float(limit[at]),
         "error_over_bound": float(ratio[at]),
         "outside": int((ratio > 1).sum()),
     }
-    name = "bound" if finding.check == "bound" else "lse_bound"
-    return recorded, {name: np.asarray(limit, np.float64)}
+    return recorded, arrays
 
 
 def chain_words(precision: Any) -> str:
