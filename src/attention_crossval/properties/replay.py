@@ -118,6 +118,24 @@ def replay_command(path: str | Path) -> str:
     return f"python -m attention_crossval.properties.replay {path}"
 
 
+REPRODUCE_NOTE = "reproduce: "  # the note :func:`reproducer_on_failure` adds to a failure
+
+
+def noted_cases(error: BaseException) -> list[Path]:
+    """The saved cases named by the ``reproduce:`` notes of ``error`` and of the exceptions an
+    exception group holds (Hypothesis' distinct failures), in order, each once."""
+    prefix = REPRODUCE_NOTE + replay_command("")
+    found = [
+        Path(note.removeprefix(prefix))
+        for note in getattr(error, "__notes__", ())
+        if isinstance(note, str) and note.startswith(prefix)
+    ]
+    if isinstance(error, BaseExceptionGroup):
+        for inner in error.exceptions:
+            found += noted_cases(inner)
+    return list(dict.fromkeys(found))
+
+
 @contextlib.contextmanager
 def reproducer_on_failure(
     case: AttentionCase | BackwardCase,
@@ -132,7 +150,7 @@ def reproducer_on_failure(
         yield
     except Exception as exc:
         path = save_failing_case(case, directory, kernel=kernel)
-        exc.add_note(f"reproduce: {replay_command(path)}")
+        exc.add_note(REPRODUCE_NOTE + replay_command(path))
         raise
 
 

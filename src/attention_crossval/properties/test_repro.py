@@ -301,3 +301,43 @@ def test_the_script_reference_is_float64_attention(tmp_path: Path) -> None:
     np.testing.assert_allclose(o[valid], expected.o[valid], rtol=1e-12, atol=1e-12)
     rows = valid[:, None, :].repeat(4, axis=1)
     np.testing.assert_allclose(lse[rows], expected.lse[rows], rtol=1e-12)
+
+
+def test_repro_dir_writes_a_reproducer_for_a_failing_kernel_test(tmp_path: Path) -> None:
+    """``--repro-dir``: the free property of a mutant fails; the plugin writes the shrunk
+    case's reproducer, names it under the failure, and the script exits 1."""
+    kernel = "attention_crossval.kernel.broken.cpu_mistakes:no_causal_mask"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "--pyargs",
+            "attention_crossval.properties.test_kernels",
+            "-m",
+            "kernel",
+            "--kernel",
+            kernel,
+            "-k",
+            "test_kernel_passes_every_check",
+            "--repro-dir",
+            str(tmp_path / "repros"),
+            "--report-dir",
+            str(tmp_path / "cases"),
+        ],  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 1, done.stdout[-2000:]
+    scripts = list((tmp_path / "repros").glob("repro-*/repro.py"))
+    assert len(scripts) == 1, done.stdout[-2000:]
+    assert f"reproducer: python {scripts[0]}" in done.stdout
+    again = subprocess.run(
+        [sys.executable, str(scripts[0])], capture_output=True, text=True, timeout=120
+    )
+    assert again.returncode == 1, again.stdout + again.stderr

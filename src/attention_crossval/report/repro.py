@@ -122,6 +122,24 @@ def write_repro_for_file(
         return write_repro(adapter, case, folder, kernel=kernel, spelling=resolve(kernel))
 
 
+def write_reproducers(error: BaseException, directory: str | Path) -> str:
+    """For the pytest plugin's ``--repro-dir``: a reproducer folder under ``directory`` for each
+    saved case a failure names (:func:`properties.replay.noted_cases`), named after the case
+    file; returns one line per case (where it went, or why none was written)."""
+    from attention_crossval.properties.replay import noted_cases
+
+    lines = []
+    for path in noted_cases(error):
+        folder = Path(directory) / f"repro-{path.stem}"
+        try:
+            write_repro_for_file(path, folder)
+        except ValueError as reason:
+            lines.append(f"no reproducer for {path}: {str(reason).splitlines()[0]}")
+            continue
+        lines.append(f"reproducer: python {folder / 'repro.py'} (bug report draft: REPORT.md)")
+    return "\n".join(lines)
+
+
 def report_text(spec: Any, evidence: Evidence, call: PublicCall, inline: bool) -> str:
     """REPORT.md: the bug-report draft."""
     case, recorded = evidence.case, evidence.recorded
@@ -144,9 +162,7 @@ def report_text(spec: Any, evidence: Evidence, call: PublicCall, inline: bool) -
         *surface_words(case),
         f"- why it triggers: {WHY[evidence.check]}",
         *(f"- known finding: {known.reason} ({known.link})" for known in evidence.known),
-        f"- trimmed from {evidence.original}: "
-        + (", ".join(evidence.trims) if evidence.trims else "nothing could be dropped")
-        + " (each trim kept only when the kernel, rerun, still failed the check)",
+        f"- {_trim_words(evidence)}",
         "",
         "## What the kernel returned",
         "",
@@ -179,6 +195,17 @@ def report_text(spec: Any, evidence: Evidence, call: PublicCall, inline: bool) -
         "",
     ]
     return "\n".join(lines)
+
+
+def _trim_words(evidence: Evidence) -> str:
+    """What the trim did, in words."""
+    if evidence.original is None:
+        return "not trimmed: the case as built"
+    dropped = ", ".join(evidence.trims) if evidence.trims else "nothing could be dropped"
+    return (
+        f"trimmed from {evidence.original}: {dropped} (each trim kept only when the kernel, "
+        "rerun, still failed the check)"
+    )
 
 
 def _triage_line(evidence: Evidence) -> str:

@@ -28,7 +28,8 @@ from attention_crossval.report.repro_script import SCRIPT_CHECKS
 class Evidence:
     """The trimmed case, the check it fails and its finding, the figures for the script and the
     report (``recorded``), the per-element bounds the script checks against (``arrays``), the
-    known findings covering it, and the trims made (in words)."""
+    known findings covering it, the trims made (in words), and the case before them (None when
+    no trim was tried)."""
 
     case: AttentionCase
     check: str
@@ -37,7 +38,7 @@ class Evidence:
     arrays: dict[str, np.ndarray]
     known: tuple[KnownFinding, ...]
     trims: tuple[str, ...]
-    original: str
+    original: str | None
 
 
 def failed_checks(verdict: Verdict) -> list[str]:
@@ -182,12 +183,12 @@ def gather(
         finding = Finding(check, "not run when this script was written (no device for it)")
         recorded, arrays = record(spec, case, None, finding)
         known = covering(spec, case, [finding])
-        return Evidence(case, check, finding, recorded, arrays, known, (), case.describe())
+        return Evidence(case, check, finding, recorded, arrays, known, (), None)
     verdict = run_case(adapter, case)
     if verdict.skipped is not None:
         raise ValueError(f"{spec.name} skipped the case: {verdict.skipped}")
     chosen = choose_check(verdict, check)
-    original = case.describe()
+    original = case.describe() if trimmed else None
     trims: tuple[str, ...] = ()
     if trimmed:
         case, verdict, trims = trim(case, verdict, chosen, lambda c: run_case(adapter, c))
