@@ -341,3 +341,38 @@ def test_repro_dir_writes_a_reproducer_for_a_failing_kernel_test(tmp_path: Path)
         [sys.executable, str(scripts[0])], capture_output=True, text=True, timeout=120
     )
     assert again.returncode == 1, again.stdout + again.stderr
+
+
+def _hidden_rows_case() -> AttentionCase:
+    rng = np.random.default_rng(1)
+    q, k, v = (cast_input(rng.standard_normal((1, 16, 1, 16)), "float16") for _ in "qkv")
+    explicit = np.ones((1, 1, 16, 16), dtype=bool)
+    explicit[..., :4, :] = False  # four rows see no key
+    return AttentionCase(q, k, v, mask=Mask(explicit=explicit))
+
+
+BROKEN = "attention_crossval.kernel.broken"
+
+
+@pytest.mark.parametrize(
+    ("kernel", "make_case", "check"),
+    [
+        (f"{BROKEN}.cpu_mistakes:wrong_row_sum", _causal_case, "lse"),
+        (f"{BROKEN}.cpu_faults:flaky", _causal_case, "determinism"),
+        (f"{BROKEN}.cpu_faults:raises", _causal_case, "error"),
+        (f"{BROKEN}.cpu_faults:empty_finite_lse", _hidden_rows_case, "empty-rows"),
+    ],
+    ids=["lse", "determinism", "error", "empty-rows"],
+)
+def test_each_check_s_script_fails_on_its_mutant(
+    kernel: str, make_case, check: str, tmp_path: Path
+) -> None:
+    path = save_case(make_case(), tmp_path, kernel=kernel)
+    out = tmp_path / "repro"
+    assert report_main(["repro", str(path), "--out", str(out), "--check", check]) == 0
+    assert f"`{check}` fails" in (out / "REPORT.md").read_text()
+    done = subprocess.run(
+        [sys.executable, str(out / "repro.py")], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "FAIL: the bug is there" in done.stdout

@@ -457,6 +457,11 @@ def _repro_parser() -> argparse.ArgumentParser:
         metavar="NAME_OR_PATH",
         help="the kernel to reproduce with (default: the one saved with the case)",
     )
+    parser.add_argument(
+        "--check",
+        default=None,
+        help="the failed check to reproduce (default: the first one a script can apply)",
+    )
     return parser
 
 
@@ -464,7 +469,7 @@ def repro_main(argv: Sequence[str]) -> int:
     from attention_crossval.report.repro import write_repro_for_file
 
     args = _repro_parser().parse_args(argv)
-    folder = write_repro_for_file(args.case, args.out, kernel=args.kernel)
+    folder = write_repro_for_file(args.case, args.out, kernel=args.kernel, check=args.check)
     print(f"attention-report repro: wrote {folder}/ (run: python {folder}/repro.py)")
     return 0
 

@@ -99,7 +99,11 @@ def write_repro(
 
 
 def write_repro_for_file(
-    path: str | Path, out: str | Path | None = None, *, kernel: str | None = None
+    path: str | Path,
+    out: str | Path | None = None,
+    *,
+    kernel: str | None = None,
+    check: str | None = None,
 ) -> Path:
     """:func:`write_repro` for a saved case (``AttentionCase.save``; the kernel saved with it
     unless ``kernel``), into ``out`` (default ``repro-<case file stem>`` beside the case)."""
@@ -119,7 +123,8 @@ def write_repro_for_file(
     case = load_case(path)
     folder = Path(out) if out is not None else path.with_name(f"repro-{path.stem}")
     with rerun_kernel(kernel) as adapter:
-        return write_repro(adapter, case, folder, kernel=kernel, spelling=resolve(kernel))
+        spelling = resolve(kernel)
+        return write_repro(adapter, case, folder, kernel=kernel, spelling=spelling, check=check)
 
 
 def write_reproducers(error: BaseException, directory: str | Path) -> str:
@@ -276,8 +281,10 @@ def environment(call: PublicCall) -> list[str]:
     lines = [f"Python {platform.python_version()} on {platform.platform()}"]
     lines.append(f"numpy {np.__version__}")
     if call.torch:
-        import torch
-
+        try:
+            import torch
+        except ImportError:
+            return [*lines, "torch: not installed where this folder was written"]
         lines.append(f"torch {torch.__version__}, CUDA {torch.version.cuda}")
         if torch.cuda.is_available():
             lines.append(f"GPU {torch.cuda.get_device_name(0)}, driver {_driver() or 'unknown'}")
