@@ -376,3 +376,76 @@ def test_each_check_s_script_fails_on_its_mutant(
     )
     assert done.returncode == 1, done.stdout + done.stderr
     assert "FAIL: the bug is there" in done.stdout
+
+
+# A user's dense kernel with explicit masks, standalone (reached through the fallback): masked
+# weights are 0, but 0 * NaN = NaN, so NaN in a hidden K/V row reaches every row (hidden-nan);
+# ``unshifted`` also skips the max subtraction, so large scores overflow (nonfinite).
+DENSE_KERNEL = """
+import numpy as np
+
+try:
+    from attention_crossval import AttentionResult
+except ImportError:  # imported alone, by a reproducer
+
+    class AttentionResult:
+        def __init__(self, o, lse):
+            self.o, self.lse = o, lse
+
+
+class Dense:
+    checks = frozenset({"hidden-nan", "determinism", "nonfinite"})
+
+    def __init__(self, shift):
+        self.shift = shift
+
+    @property
+    def spec(self):
+        from attention_crossval import KernelSpec
+
+        return KernelSpec(
+            name="dense", device="cpu", dtypes={"float16"}, head_dims={16},
+            mask_kinds={"explicit"}, gqa=False, tile_m=16, tile_n=16,
+        )
+
+    def __call__(self, case):
+        q, k, v = (np.asarray(x, np.float32) for x in (case.q, case.k, case.v))
+        s = np.einsum("bqhd,bkhd->bhqk", q, k) * np.float32(case.softmax_scale)
+        s = np.where(case.mask.explicit, s, -np.inf)
+        m = s.max(-1, keepdims=True) if self.shift else np.zeros_like(s[..., :1])
+        p = np.exp(s - m)
+        total = p.sum(-1, keepdims=True)
+        o = np.einsum("bhqk,bkhd->bqhd", p / total, v).astype(np.float16)
+        return AttentionResult(o=o.astype(np.float64), lse=(m + np.log(total))[..., 0] * 1.0)
+
+
+masked, unshifted = Dense(True), Dense(False)
+"""
+
+
+@pytest.mark.parametrize(
+    ("attr", "check", "scale"), [("masked", "hidden-nan", 1.0), ("unshifted", "nonfinite", 8.0)]
+)
+def test_the_fallback_reproduces_hidden_nan_and_nonfinite(
+    attr: str, check: str, scale: float, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "dense_kernel.py").write_text(DENSE_KERNEL)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ["PYTHONPATH"]]))
+    rng = np.random.default_rng(2)
+    q, k, v = (cast_input(rng.standard_normal((1, 16, 1, 16)) * scale, "float16") for _ in "qkv")
+    explicit = np.ones((1, 1, 16, 17), dtype=bool)
+    explicit[..., 0] = False  # key 0 hidden from every row
+    k, v = (np.concatenate([x[:, :1], x], axis=1) for x in (k, v))
+    case = AttentionCase(q, k, v, mask=Mask(explicit=explicit))
+    path = save_case(case, tmp_path / "cases", kernel=f"dense_kernel:{attr}")
+    out = tmp_path / "repro"
+    assert report_main(["repro", str(path), "--out", str(out), "--check", check]) == 0
+    script = (out / "repro.py").read_text()
+    assert "attention_crossval" not in script and "make_case(" in script
+    env = os.environ | {"PYTHONPATH": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, str(out / "repro.py")], capture_output=True, text=True, env=env
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "FAIL: the bug is there" in done.stdout

@@ -296,20 +296,20 @@ def _reference(case: AttentionCase) -> str:
 
 
 def _case_container() -> str:
-    return '''from dataclasses import dataclass, field
+    return '''from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
 class Mask:
     """The case's mask, as attention-crossval's Mask names its fields."""
 
-    causal: bool = CAUSAL
-    window_left: object = WINDOW[0]
-    window_right: object = WINDOW[1]
-    alignment: str = ALIGNMENT
-    q_lengths: object = None if Q_LENGTHS is None else tuple(Q_LENGTHS)
-    k_lengths: object = None if K_LENGTHS is None else tuple(K_LENGTHS)
-    explicit: object = EXPLICIT
+    causal: bool
+    window_left: object
+    window_right: object
+    alignment: str
+    q_lengths: object
+    k_lengths: object
+    explicit: object
 
     @property
     def kinds(self):
@@ -326,14 +326,14 @@ class Case:
     q: object
     k: object
     v: object
-    softmax_scale: float = SCALE
-    mask: Mask = field(default_factory=Mask)
-    softcap: object = SOFTCAP
-    sink: object = None if SINK is None else np.array(SINK, np.float32)
-    page_size: object = PAGE_SIZE
-    num_splits: int = NUM_SPLITS
+    softmax_scale: float
+    mask: Mask
+    softcap: object
+    sink: object
+    page_size: object
+    num_splits: int
+    page_fill: float
     layout: str = "padded"
-    page_fill: float = float("nan")
     label: str = ""
 
     B = property(lambda self: self.q.shape[0])
@@ -357,7 +357,12 @@ class Case:
 
 
 def make_case(q, k, v, pad):
-    return Case(as_dtype(q), as_dtype(k), as_dtype(v), page_fill=pad)'''
+    """The inputs as a Case, ``pad`` in the unused slots of a paged layout."""
+    lengths = [None if x is None else tuple(x) for x in (Q_LENGTHS, K_LENGTHS)]
+    mask = Mask(CAUSAL, WINDOW[0], WINDOW[1], ALIGNMENT, *lengths, EXPLICIT)
+    sink = None if SINK is None else np.array(SINK, np.float32)
+    arrays = (as_dtype(q), as_dtype(k), as_dtype(v))
+    return Case(*arrays, SCALE, mask, SOFTCAP, sink, PAGE_SIZE, NUM_SPLITS, pad)'''
 
 
 def _run_kernel(call: PublicCall) -> str:
