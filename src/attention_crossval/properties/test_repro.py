@@ -449,3 +449,40 @@ def test_the_fallback_reproduces_hidden_nan_and_nonfinite(
     )
     assert done.returncode == 1, done.stdout + done.stderr
     assert "FAIL: the bug is there" in done.stdout
+
+
+# The CUDA spellings run on the CPU once their device names are swapped: torch's math SDPA and
+# uncompiled FlexAttention compute the same masked softmax, so the findings that come from the
+# masking itself (NaN through a mask) show there too.
+ON_CPU = {
+    ".cuda()": "",
+    "torch.cuda.synchronize()": "pass",
+    "device='cuda'": "device='cpu'",
+    "torch.compile(flex_attention)": "flex_attention",
+}
+
+
+@pytest.mark.parametrize(
+    ("kernel", "check"), [("sdpa-math", "padding-read"), ("flex-attention", "hidden-nan")]
+)
+def test_a_torch_spelling_runs_and_reproduces_on_the_cpu(
+    kernel: str, check: str, tmp_path: Path
+) -> None:
+    """The finding's script exits 1; the ``bound`` script of the same case exits 0, so the
+    spelled call computes the case's attention (its mask, scale, GQA) within the bound."""
+    pytest.importorskip("torch")
+    adapter = resolve(kernel)
+    known = next(k for k in adapter.spec.known_findings if k.check == check and not k.backward)
+    case = trigger_case(adapter.spec, known)
+    for shown, status in ((check, 1), ("bound", 0)):
+        out = write_repro(
+            adapter, case, tmp_path / shown, kernel=kernel, check=shown, trimmed=False, run=False
+        )
+        script = (out / "repro.py").read_text()
+        for cuda, cpu in ON_CPU.items():
+            script = script.replace(cuda, cpu)
+        (out / "repro_cpu.py").write_text(script)
+        done = subprocess.run(
+            [sys.executable, str(out / "repro_cpu.py")], capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == status, done.stdout + done.stderr
