@@ -16,8 +16,9 @@ A :class:`PublicCall`'s ``lines`` run inside the script's ``run_kernel(q, k, v, 
   only then) and, when ``torch`` is set, ``to_torch(x)`` a CUDA tensor in the input dtype;
 * ``visible`` is the bool mask ``[B, Hq or 1, Sq, Sk]`` of the keys each query may see, and the
   case's constants are ``DTYPE``, ``SCALE``, ``CAUSAL``, ``ALIGNMENT``, ``WINDOW`` (left,
-  right; None unbounded), ``Q_LENGTHS``, ``K_LENGTHS`` (lists or None), ``SOFTCAP``, ``SINK``
-  (a list or None), ``PAGE_SIZE``, ``NUM_SPLITS``;
+  right; None unbounded), ``Q_LENGTHS``, ``K_LENGTHS`` (lists or None), ``EXPLICIT`` (the
+  explicit bool mask or None), ``SOFTCAP``, ``SINK`` (a list or None), ``PAGE_SIZE``,
+  ``NUM_SPLITS``;
 
 and must set ``o`` (``[B, Sq, Hq, Dv]``) and ``lse`` (``[B, Hq, Sq]`` natural log, or None),
 anything ``np.asarray`` turns into float64.

@@ -79,7 +79,7 @@ class Plain:
 
 class Spelled(Plain):
     def repro_call(self, case):
-        from attention_crossval.kernel.public_call import PublicCall
+        from attention_crossval import PublicCall
 
         return PublicCall(
             api="tiny_kernel.attention",
