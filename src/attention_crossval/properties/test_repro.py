@@ -486,3 +486,16 @@ def test_a_torch_spelling_runs_and_reproduces_on_the_cpu(
             [sys.executable, str(out / "repro_cpu.py")], capture_output=True, text=True, timeout=300
         )
         assert done.returncode == status, done.stdout + done.stderr
+
+
+def test_known_writes_a_folder_per_finding_and_says_when_one_is_fixed(tmp_path: Path) -> None:
+    """``--known KERNEL``: a folder per forward known finding from its trigger case (its script
+    exits 1); a kernel whose declared finding no longer shows (``fixed``) exits 1, naming it."""
+    kernel = f"{BROKEN}.cpu_known:reads_padding"
+    assert report_main(["repro", "--known", kernel, "--out", str(tmp_path / "known")]) == 0
+    (script,) = (tmp_path / "known").glob("*/repro.py")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
+    assert done.returncode == 1, done.stdout + done.stderr
+    fixed = f"{BROKEN}.cpu_known:fixed"
+    assert report_main(["repro", "--known", fixed, "--out", str(tmp_path / "fixed")]) == 1
+    assert not list((tmp_path / "fixed").glob("*/repro.py"))

@@ -443,13 +443,26 @@ def _repro_parser() -> argparse.ArgumentParser:
         "(numpy and the kernel's public call, exit 1 while the bug is there), case.npz and "
         "REPORT.md, a bug-report draft (docs/repro.md).",
     )
-    parser.add_argument("case", type=_existing_file, help="a case saved by a failing test (.npz)")
+    parser.add_argument(
+        "case",
+        type=_existing_file,
+        nargs="?",
+        help="a case saved by a failing test (.npz); or --known KERNEL",
+    )
+    parser.add_argument(
+        "--known",
+        default=None,
+        metavar="NAME_OR_PATH",
+        help="instead of a case: one folder per forward known finding this kernel declares, "
+        "from the finding's trigger case, under --out",
+    )
     parser.add_argument(
         "--out",
         type=_directory,
         default=None,
         metavar="DIR",
-        help="the folder to write (default: repro-<case name> beside the case)",
+        help="the folder to write (default: repro-<case name> beside the case; with --known, "
+        "repro-<kernel name>)",
     )
     parser.add_argument(
         "--kernel",
@@ -468,7 +481,16 @@ def _repro_parser() -> argparse.ArgumentParser:
 def repro_main(argv: Sequence[str]) -> int:
     from attention_crossval.report.repro import write_repro_for_file
 
-    args = _repro_parser().parse_args(argv)
+    parser = _repro_parser()
+    args = parser.parse_args(argv)
+    if (args.case is None) == (args.known is None):
+        parser.error("give a case or --known KERNEL (one of them)")
+    if args.known is not None:
+        from attention_crossval.report.repro import write_known_repros
+
+        lines, all_failed = write_known_repros(args.known, args.out)
+        print("\n".join(f"attention-report repro: {line}" for line in lines))
+        return 0 if all_failed else 1
     folder = write_repro_for_file(args.case, args.out, kernel=args.kernel, check=args.check)
     print(f"attention-report repro: wrote {folder}/ (run: python {folder}/repro.py)")
     return 0

@@ -127,6 +127,39 @@ def write_repro_for_file(
         return write_repro(adapter, case, folder, kernel=kernel, spelling=spelling, check=check)
 
 
+def write_known_repros(kernel: str, out: str | Path | None = None) -> tuple[list[str], bool]:
+    """A reproducer folder per forward known finding ``kernel`` declares, from the finding's
+    trigger case (:func:`kernel.known_findings.trigger_case`), trimmed and run, under ``out``
+    (default ``repro-<kernel>``). Returns one line per finding (where it went, or why none was
+    written: the trigger passes, the kernel skips it) and whether every finding still fails."""
+    from attention_crossval.kernel.known_findings import trigger_case
+    from attention_crossval.kernel.registry import resolve
+    from attention_crossval.properties.replay import rerun_kernel
+    from attention_crossval.reference.file_names import safe_file_name
+
+    spelling = resolve(kernel)
+    spec = spelling.spec
+    directory = Path(out) if out is not None else Path(safe_file_name("repro", spec.name))
+    lines, all_failed = [], True
+    with rerun_kernel(kernel) as adapter:
+        for index, known in enumerate(spec.known_findings):
+            if known.backward:
+                continue
+            features = "".join(f"-{f}" for f in sorted(known.features))
+            folder = directory / safe_file_name(f"{index}", known.check + features)
+            try:
+                case = trigger_case(spec, known)
+                write_repro(
+                    adapter, case, folder, kernel=kernel, spelling=spelling, check=known.check
+                )
+            except ValueError as reason:
+                all_failed = False
+                lines.append(f"{known.name} ({known.when}): none: {str(reason).splitlines()[0]}")
+                continue
+            lines.append(f"{known.name} ({known.when}): python {folder / 'repro.py'}")
+    return lines, all_failed
+
+
 def write_reproducers(error: BaseException, directory: str | Path) -> str:
     """For the pytest plugin's ``--repro-dir``: a reproducer folder under ``directory`` for each
     saved case a failure names (:func:`properties.replay.noted_cases`), named after the case
