@@ -171,8 +171,9 @@ def write_reproducers(error: BaseException, directory: str | Path) -> str:
         folder = Path(directory) / f"repro-{path.stem}"
         try:
             write_repro_for_file(path, folder)
-        except ValueError as reason:
-            lines.append(f"no reproducer for {path}: {str(reason).splitlines()[0]}")
+        except Exception as reason:  # noqa: BLE001 - never break the report of the failure
+            why = f"{type(reason).__name__}: {str(reason).splitlines()[0] if str(reason) else ''}"
+            lines.append(f"no reproducer for {path}: {why}")
             continue
         lines.append(f"reproducer: python {folder / 'repro.py'} (bug report draft: REPORT.md)")
     return "\n".join(lines)
