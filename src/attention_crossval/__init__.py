@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from attention_crossval.kernel.isolation import Declined
 from attention_crossval.kernel.known_findings import KnownFinding
+from attention_crossval.kernel.public_call import PublicCall
 from attention_crossval.kernel.spec import (
     BackwardKernelAdapter,
     KernelAdapter,
@@ -44,5 +45,6 @@ __all__ = [
     "KernelSpec",
     "KnownFinding",
     "Mask",
+    "PublicCall",
     "StreamingPrecision",
 ]

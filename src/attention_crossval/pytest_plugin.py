@@ -134,6 +134,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="DIR",
         help="write failing cases (.npz) and per-test error reports here",
     )
+    group.addoption(
+        "--repro-dir",
+        default=None,
+        metavar="DIR",
+        help="for each failing kernel test of this package, write a standalone reproducer "
+        "folder (repro.py, case.npz, REPORT.md) under DIR (docs/repro.md)",
+    )
 
 
 def _kernel_timeout(text: str) -> float:
@@ -372,6 +379,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
     report = yield
     if report.failed and call.excinfo is not None and _is_ours(item):
         setattr(report, FINDING_ATTRIBUTE, one_line_finding(call.excinfo.value))
+        if item.config.getoption("--repro-dir") and item.get_closest_marker("kernel"):
+            from attention_crossval.report.repro import write_reproducers
+
+            text = write_reproducers(call.excinfo.value, item.config.getoption("--repro-dir"))
+            if text:
+                report.sections.append(("attention-crossval reproducers", text))
     return report
 
 

@@ -25,6 +25,7 @@ import zipfile
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -117,6 +118,24 @@ def replay_command(path: str | Path) -> str:
     return f"python -m attention_crossval.properties.replay {path}"
 
 
+REPRODUCE_NOTE = "reproduce: "  # the note :func:`reproducer_on_failure` adds to a failure
+
+
+def noted_cases(error: BaseException) -> list[Path]:
+    """The saved cases named by the ``reproduce:`` notes of ``error`` and of the exceptions an
+    exception group holds (Hypothesis' distinct failures), in order, each once."""
+    prefix = REPRODUCE_NOTE + replay_command("")
+    found = [
+        Path(note.removeprefix(prefix))
+        for note in getattr(error, "__notes__", ())
+        if isinstance(note, str) and note.startswith(prefix)
+    ]
+    if isinstance(error, BaseExceptionGroup):
+        for inner in error.exceptions:
+            found += noted_cases(inner)
+    return list(dict.fromkeys(found))
+
+
 @contextlib.contextmanager
 def reproducer_on_failure(
     case: AttentionCase | BackwardCase,
@@ -131,7 +150,7 @@ def reproducer_on_failure(
         yield
     except Exception as exc:
         path = save_failing_case(case, directory, kernel=kernel)
-        exc.add_note(f"reproduce: {replay_command(path)}")
+        exc.add_note(REPRODUCE_NOTE + replay_command(path))
         raise
 
 
@@ -222,20 +241,33 @@ def _positive(maximum: int) -> Callable[[str], int]:
     return parse
 
 
+@contextlib.contextmanager
+def rerun_kernel(kernel: str) -> Iterator[Any]:
+    """The adapter that reruns ``kernel`` on a saved case, as the suite runs it: in this process
+    for the in-process built-ins, else in a worker process (closed on leaving). ValueError when
+    the kernel cannot load."""
+    from attention_crossval.kernel.isolation import IsolatedKernel
+    from attention_crossval.kernel.registry import IN_PROCESS, resolve
+
+    adapter = resolve(kernel) if kernel in IN_PROCESS else IsolatedKernel(kernel, timeout_s=300.0)
+    try:
+        yield adapter
+    finally:
+        if isinstance(adapter, IsolatedKernel):
+            adapter.close()
+
+
 def replay_kernel(path: Path, kernel: str, which: str) -> tuple[str, bool]:
     """Rerun ``kernel`` on the case saved at ``path`` through the suite's checks for pass
     ``which`` ("forward" or "backward"); returns ``(report text, failed)``. Known findings of
     the kernel do not fail, as in the suite. ValueError when the kernel cannot load."""
-    from attention_crossval.kernel.isolation import IsolatedKernel
     from attention_crossval.kernel.known_findings import (
         covering,
         run_backward_with_known,
         run_with_known,
     )
-    from attention_crossval.kernel.registry import IN_PROCESS, resolve
 
-    adapter = resolve(kernel) if kernel in IN_PROCESS else IsolatedKernel(kernel, timeout_s=300.0)
-    try:
+    with rerun_kernel(kernel) as adapter:
         spec = adapter.spec
         if which == "backward":
             case = BackwardCase.load(path)
@@ -245,9 +277,6 @@ def replay_kernel(path: Path, kernel: str, which: str) -> tuple[str, bool]:
         else:
             forward = load_case(path)
             verdict = run_with_known(adapter, forward)
-    finally:
-        if isinstance(adapter, IsolatedKernel):
-            adapter.close()
     lines = [forward.describe(), f"{which} pass of kernel {kernel}:"]
     if verdict.skipped is not None:
         return "\n".join([*lines, f"SKIPPED: {verdict.skipped}"]), False

@@ -84,7 +84,7 @@ def test_public_surface_has_what_an_adapter_author_needs() -> None:
     needed = {
         "KernelSpec", "KernelAdapter", "AttentionCase", "AttentionResult", "Mask",
         "CausalAlignment", "StreamingPrecision", "Declined", "KnownFinding",
-        "BackwardCase", "Gradients", "BackwardPrecision", "BackwardKernelAdapter",
+        "BackwardCase", "Gradients", "BackwardPrecision", "BackwardKernelAdapter", "PublicCall",
     }  # fmt: skip
     assert needed <= set(attention_crossval.__all__)
     assert all(getattr(attention_crossval, name) is not None for name in needed)

@@ -9,6 +9,7 @@ attention-report diff old/report.json new/report.json   # exit 1 on regressions,
 attention-report --preset gpu-small --kernel sdpa-flash --gpus all --out DIR   # one shard per GPU
 attention-report merge OUT DIR/shard-0-of-2 DIR/shard-1-of-2   # merge --shard K/N runs
 attention-report --shard auto/8 --out /shared/run   # scheduler array task: docs/campaigns.md
+attention-report repro CASE.npz --out DIR          # standalone reproducer: docs/repro.md
 """
 
 from __future__ import annotations
@@ -435,6 +436,66 @@ def merge_main(argv: Sequence[str]) -> int:
     return _summary_line(report, args.out, exit_zero=args.exit_zero)
 
 
+def _repro_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="attention-report repro",
+        description="Write a standalone reproducer folder for a saved failing case: repro.py "
+        "(numpy and the kernel's public call, exit 1 while the bug is there), case.npz and "
+        "REPORT.md, a bug-report draft (docs/repro.md).",
+    )
+    parser.add_argument(
+        "case",
+        type=_existing_file,
+        nargs="?",
+        help="a case saved by a failing test (.npz); or --known KERNEL",
+    )
+    parser.add_argument(
+        "--known",
+        default=None,
+        metavar="NAME_OR_PATH",
+        help="instead of a case: one folder per forward known finding this kernel declares, "
+        "from the finding's trigger case, under --out",
+    )
+    parser.add_argument(
+        "--out",
+        type=_directory,
+        default=None,
+        metavar="DIR",
+        help="the folder to write (default: repro-<case name> beside the case; with --known, "
+        "repro-<kernel name>)",
+    )
+    parser.add_argument(
+        "--kernel",
+        default=None,
+        metavar="NAME_OR_PATH",
+        help="the kernel to reproduce with (default: the one saved with the case)",
+    )
+    parser.add_argument(
+        "--check",
+        default=None,
+        help="the failed check to reproduce (default: the first one a script can apply)",
+    )
+    return parser
+
+
+def repro_main(argv: Sequence[str]) -> int:
+    from attention_crossval.report.repro import write_repro_for_file
+
+    parser = _repro_parser()
+    args = parser.parse_args(argv)
+    if (args.case is None) == (args.known is None):
+        parser.error("give a case or --known KERNEL (one of them)")
+    if args.known is not None:
+        from attention_crossval.report.repro import write_known_repros
+
+        lines, all_failed = write_known_repros(args.known, args.out)
+        print("\n".join(f"attention-report repro: {line}" for line in lines))
+        return 0 if all_failed else 1
+    folder = write_repro_for_file(args.case, args.out, kernel=args.kernel, check=args.check)
+    print(f"attention-report repro: wrote {folder}/ (run: python {folder}/repro.py)")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:  # BLAS on one thread: its default pool makes the tiers' small GEMMs far slower
@@ -443,6 +504,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return diff_main(argv[1:])
             if argv[:1] == ["merge"]:
                 return merge_main(argv[1:])
+            if argv[:1] == ["repro"]:
+                return repro_main(argv[1:])
             return run_main(argv[1:] if argv[:1] == ["run"] else argv)
     except (ValueError, OSError) as error:  # bad options or inputs: a message, not a traceback
         message = " | ".join(line.strip() for line in str(error).splitlines() if line.strip())

@@ -53,6 +53,7 @@ from attention_crossval.kernel.adapters.flash_attn_cute_backward import (
 )
 from attention_crossval.kernel.known_findings import KnownFinding
 from attention_crossval.kernel.phases import compiles
+from attention_crossval.kernel.public_call import TORCH_RESULT, PublicCall
 from attention_crossval.kernel.spec import KernelSpec
 from attention_crossval.reference.case import AttentionCase, CausalAlignment
 
@@ -231,6 +232,74 @@ def use_persistent_compile_cache() -> None:
     of compiling it again. ``FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=0`` keeps it off;
     ``FLASH_ATTENTION_CUTE_DSL_CACHE_DIR`` moves it (default ``$TMPDIR/$USER/``)."""
     os.environ.setdefault(COMPILE_CACHE_ENV, "1")
+
+    def repro_call(self, case: AttentionCase) -> PublicCall:
+        """The public call a reproducer script makes (kernel/public_call.py):
+        ``flash_attn.cute.flash_attn_varlen_func`` on the padded layout, the valid lengths as
+        ``seqused_q`` / ``seqused_k``, K/V through a page table for a paged case (pages past a
+        sequence's keys hold ``pad``), the sink as float32. ValueError for the packed layout,
+        which the script does not build."""
+        if case.layout != "padded":
+            raise ValueError(
+                f"layout={case.layout!r}: the flash-attn-cute reproducer builds the padded and "
+                "paged layouts only"
+            )
+        lines = ["qt = to_torch(q)"]
+        options = ["softmax_scale=SCALE", "causal=CAUSAL", "window_size=WINDOW"]
+        if case.page_size is None:
+            lines.append("kt, vt = to_torch(k), to_torch(v)")
+        else:
+            lines += _PAGED_LINES
+            options.append("page_table=page_table")
+        if case.page_size is not None or case.mask.k_lengths is not None:
+            lines.append(
+                "seqused_k = torch.tensor(K_LENGTHS or [k.shape[1]] * k.shape[0], "
+                "dtype=torch.int32, device='cuda')"
+            )
+            options.append("seqused_k=seqused_k")
+        if case.mask.q_lengths is not None:
+            lines.append("seqused_q = torch.tensor(Q_LENGTHS, dtype=torch.int32, device='cuda')")
+            options.append("seqused_q=seqused_q")
+        if case.softcap is not None:
+            options.append("softcap=SOFTCAP")
+        if case.sink is not None:
+            lines.append("sink = torch.tensor(SINK, dtype=torch.float32, device='cuda')")
+            options.append("learnable_sink=sink")
+        if case.num_splits > 1:
+            options.append("num_splits=NUM_SPLITS")
+        return PublicCall(
+            api="flash_attn.cute.flash_attn_varlen_func",
+            imports=("import torch", "from flash_attn.cute import flash_attn_varlen_func"),
+            lines=(
+                *lines,
+                "out, lse = flash_attn_varlen_func(",
+                "    qt, kt, vt, " + ", ".join(options) + ", return_lse=True",
+                ")",
+                *TORCH_RESULT,
+                "lse = lse.double().cpu().numpy()",
+            ),
+            torch=True,
+        )
+
+
+# A paged case's K/V in the script: pages of PAGE_SIZE keys, sequence after sequence, a
+# sequence's unused slots holding ``pad`` (NaN in the padding check).
+_PAGED_LINES = [
+    "per_sequence = -(-k.shape[1] // PAGE_SIZE)",
+    "lengths = K_LENGTHS or [k.shape[1]] * k.shape[0]",
+    "shape = (k.shape[0] * per_sequence, PAGE_SIZE, k.shape[2])",
+    "k_pages = np.full((*shape, k.shape[3]), pad, np.float32)",
+    "v_pages = np.full((*shape, v.shape[3]), pad, np.float32)",
+    "for b in range(k.shape[0]):",
+    "    for n in range(per_sequence):",
+    "        start = n * PAGE_SIZE",
+    "        count = max(0, min(PAGE_SIZE, lengths[b] - start))",
+    "        k_pages[b * per_sequence + n, :count] = k[b, start : start + count]",
+    "        v_pages[b * per_sequence + n, :count] = v[b, start : start + count]",
+    "page_table = torch.arange(k.shape[0] * per_sequence, dtype=torch.int32, device='cuda')",
+    "page_table = page_table.reshape(k.shape[0], per_sequence)",
+    "kt, vt = to_torch(k_pages), to_torch(v_pages)",
+]
 
 
 def create() -> FlashAttnCuteAdapter:

@@ -41,6 +41,7 @@ import numpy as np
 
 from attention_crossval.kernel.adapters import _torch
 from attention_crossval.kernel.known_findings import KnownFinding
+from attention_crossval.kernel.public_call import TORCH_RESULT, PublicCall, dense_visible_tensor
 from attention_crossval.kernel.spec import MASK_KINDS, KernelSpec
 from attention_crossval.reference.case import AttentionCase, AttentionResult, CausalAlignment
 from attention_crossval.reference.precision import StreamingPrecision
@@ -185,6 +186,43 @@ class FlexAttentionAdapter:
         if device == "cuda":
             torch.cuda.synchronize()
         return AttentionResult(o=_torch.to_host(o.transpose(1, 2)), lse=_torch.to_host(aux.lse))
+
+    def repro_call(self, case: AttentionCase) -> PublicCall:
+        """The public call a reproducer script makes (kernel/public_call.py): compiled
+        ``flex_attention`` with a block mask from the visible keys (a lookup ``mask_mod``: the
+        same blocks as :func:`_mask_mod`'s), softcap as a ``score_mod``, the LSE through
+        ``AuxRequest``."""
+        cap = []
+        score_mod = "None"
+        if case.softcap is not None:
+            cap = ["cap = torch.tensor(SOFTCAP, dtype=torch.float32, device='cuda')"]
+            score_mod = "lambda s, b, h, i, j: cap * torch.tanh(s / cap)"
+        gqa = ", enable_gqa=True" if case.group_size > 1 else ""
+        return PublicCall(
+            api="torch.nn.attention.flex_attention.flex_attention (torch.compile)",
+            imports=(
+                "import torch",
+                "from torch.nn.attention.flex_attention import AuxRequest, create_block_mask",
+                "from torch.nn.attention.flex_attention import flex_attention",
+            ),
+            lines=(
+                "qt, kt, vt = (to_torch(x).transpose(1, 2) for x in (q, k, v))",
+                dense_visible_tensor("seen"),
+                "B, Hq, Sq, Sk = seen.shape",
+                "block_mask = create_block_mask(",
+                "    lambda b, h, i, j: seen[b, h, i, j], B, Hq, Sq, Sk, device='cuda'",
+                ")",
+                *cap,
+                "out, aux = torch.compile(flex_attention)(",
+                f"    qt, kt, vt, score_mod={score_mod}, block_mask=block_mask, scale=SCALE{gqa},",
+                "    return_aux=AuxRequest(lse=True),",
+                ")",
+                "out = out.transpose(1, 2)",
+                *TORCH_RESULT,
+                "lse = aux.lse.double().cpu().numpy()",
+            ),
+            torch=True,
+        )
 
 
 def create() -> FlexAttentionAdapter:

@@ -53,6 +53,7 @@ from typing import Any, NamedTuple
 from attention_crossval.kernel.adapters import _torch
 from attention_crossval.kernel.harness import Declined
 from attention_crossval.kernel.known_findings import KnownFinding
+from attention_crossval.kernel.public_call import TORCH_RESULT, PublicCall, dense_visible_tensor
 from attention_crossval.kernel.spec import KernelSpec
 from attention_crossval.reference.case import AttentionCase, AttentionResult, CausalAlignment
 from attention_crossval.reference.gradients import BackwardCase, Gradients
@@ -245,6 +246,40 @@ class SdpaAdapter:
         self._synchronize()
         return AttentionResult(o=_torch.to_host(o.transpose(1, 2)), lse=None)
 
+    def repro_call(self, case: AttentionCase) -> PublicCall:
+        """The public call a reproducer script makes (kernel/public_call.py): SDPA with this
+        backend forced, the mask as :meth:`_attend` passes it."""
+        options = "scale=SCALE" + (", enable_gqa=True" if case.group_size > 1 else "")
+        mask = []
+        if self._is_causal(case):
+            options += ", is_causal=True"
+        elif case.mask.kinds:
+            mask = [dense_visible_tensor("mask")]
+            options += ", attn_mask=mask"
+        member = _BACKENDS[self.backend].member
+        return PublicCall(
+            api=f"torch.nn.functional.scaled_dot_product_attention (SDPBackend.{member})",
+            imports=("import torch", "from torch.nn.attention import SDPBackend, sdpa_kernel"),
+            lines=(
+                "qt, kt, vt = (to_torch(x).transpose(1, 2) for x in (q, k, v))",
+                *mask,
+                f"with sdpa_kernel([SDPBackend.{member}]):",
+                "    out = torch.nn.functional.scaled_dot_product_attention(",
+                f"        qt, kt, vt, {options}",
+                "    ).transpose(1, 2)",
+                *TORCH_RESULT,
+                "lse = None  # SDPA returns no LSE",
+            ),
+            torch=True,
+        )
+
+    @staticmethod
+    def _is_causal(case: AttentionCase) -> bool:
+        """SDPA's ``is_causal`` (top-left) says the case's mask: causal alone, aligned alike."""
+        return case.mask.kinds == {"causal"} and (
+            case.mask.alignment is CausalAlignment.TOP_LEFT or case.Sq == case.Sk
+        )
+
     def backward(self, case: BackwardCase) -> Gradients:
         """Forward, then backward through autograd. The leaves are detached views of the
         NaN-guarded inputs, so a read past a sequence's end still shows as non-finite."""
@@ -268,9 +303,7 @@ class SdpaAdapter:
         kwargs: dict[str, Any] = {"scale": case.softmax_scale}
         if case.group_size > 1:
             kwargs["enable_gqa"] = True
-        if case.mask.kinds == {"causal"} and (
-            case.mask.alignment is CausalAlignment.TOP_LEFT or case.Sq == case.Sk
-        ):
+        if self._is_causal(case):
             kwargs["is_causal"] = True
         elif case.mask.kinds:
             from attention_crossval.reference.masks import visible_all
