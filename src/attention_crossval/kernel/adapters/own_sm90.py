@@ -30,8 +30,9 @@ it has run only in benchmarks/bench_own_sm90.py, never under the property tests.
 Benchmarks choose a variant directly with the knob arguments of :func:`launch` and
 :func:`launch_full`, where a knob left out is off (no knobs: the baseline kernel).
 
-Kernels are compiled once per variant and cached for the process; B, H, Sq, Sk and all strides
-are dynamic, so guard-banded views go straight to the kernel. torch and cutlass are imported
+Kernels are compiled once per variant and cached for the process, and launched through TVM-FFI
+(kernel/adapters/_cute.py); B, H, Sq, Sk and all strides are dynamic, so guard-banded views go
+straight to the kernel. torch and cutlass are imported
 only inside calls (CI without either can still import this module).
 """
 
