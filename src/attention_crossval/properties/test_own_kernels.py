@@ -982,6 +982,27 @@ def test_own_sm90_launch_calls_tvm_ffi_with_the_tensors_as_given(
 
 
 @pytest.mark.cpu
+@needs_cutlass
+@needs_tvm_ffi
+def test_own_sm90_launch_build_runs_the_ptx_the_cpu_tests_inspect(
+    dsl_arch_sm90a: None, tmp_path: Path
+) -> None:
+    """The launch's TVM-FFI build (``compile_on_fake_tensors(..., tvm_ffi=True)``, what
+    ``_cute.compiled`` calls) differs from the compile-only build the other tests inspect in
+    its host entry only: the device code, the PTX, is the same text (the adapters' variant,
+    causal, D = 128)."""
+    from attention_crossval.kernel.common.host import compile_on_fake_tensors
+
+    kernel = _sm90("bfloat16", 128, True, **dict.fromkeys(DEFAULT_KNOBS, True))
+    tested_dir, launch_dir = tmp_path / "tested", tmp_path / "launch"
+    tested_dir.mkdir(), launch_dir.mkdir()
+    tested = _ptx(kernel.compile(options=f"--keep-ptx --dump-dir={tested_dir}"))
+    options = f"--keep-ptx --dump-dir={launch_dir}"
+    launched = _ptx(compile_on_fake_tensors(kernel, kernel.dtype, None, options, tvm_ffi=True))
+    assert "wgmma.mma_async" in tested and launched == tested
+
+
+@pytest.mark.cpu
 def test_own_sm90_launch_refuses_unknown_knobs() -> None:
     """Both launches take the knobs by name and refuse any other before touching a tensor (a
     misspelt knob must not run the baseline kernel under a variant's name)."""
