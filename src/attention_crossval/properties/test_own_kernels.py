@@ -852,6 +852,20 @@ def test_own_sm90_declarations() -> None:
 
 
 @pytest.mark.cpu
+def test_own_kernels_are_available_only_with_cutlass_and_tvm_ffi() -> None:
+    """The own kernels compile with CuTe DSL and launch through TVM-FFI: the registry offers
+    them only where both import (with one missing they would fail every case, not skip)."""
+    from attention_crossval.kernel import registry
+
+    for name in ("own-sm90", "own-sm90-full", "own-sm100"):
+        assert registry.BUILTIN[name][1] == ("cutlass", "tvm_ffi"), name
+    assert registry._importable(("numpy", "pytest")) and registry._importable("numpy")
+    assert not registry._importable(("numpy", "attention_crossval_no_such_module"))
+    has_both = importlib.util.find_spec("tvm_ffi") is not None and HAS_CUTLASS
+    assert ("own-sm90" in registry.available()) == has_both
+
+
+@pytest.mark.cpu
 def test_own_sm90_runs_plain_cases_dense_and_the_rest_on_the_varlen_path(monkeypatch) -> None:
     """``own-sm90`` sends a case with GQA, lengths or a window to the varlen path (the dense
     path would ignore them: wrong rows, not an error) and a plain one to the dense path;
