@@ -72,7 +72,8 @@ def launch(
     ``variant`` names the compile-time knobs ``make_kernel`` builds in (e.g. the SM90 kernel's
     ``overlap``); it is part of the compile cache key, so variants of one kernel coexist.
     ``max_ctas`` (the SM90 kernel's ``persistent`` grid cap) goes last as an ``Int32`` (the
-    lengths and window then None where absent); a runtime value, not part of the key.
+    lengths and window then None where absent); its presence is part of the key, its value a
+    runtime one.
 
     The call is TVM-FFI's (:func:`compiled`): the tensors go to the compiled function as they
     are, with no per-call wrapping, and the function checks them in C++; what is left in Python
@@ -117,6 +118,7 @@ def compiled(key: tuple, make_kernel: Callable[[str, int, bool], Any]) -> tuple[
     stream, whose tail pads a call that leaves optional parameters out (each compiled in as
     absent). The arch is the DSL's: ``CUTE_DSL_ARCH``, else the GPU's."""
     import inspect
+    import os
 
     from attention_crossval.kernel.common.host import compile_on_fake_tensors
 
@@ -126,5 +128,11 @@ def compiled(key: tuple, make_kernel: Callable[[str, int, bool], Any]) -> tuple[
         kernel, kernel.dtype, None, varlen=varlen, window=window,
         max_ctas=1 if capped else None, tvm_ffi=True,
     )  # fmt: skip
+    function = compiled_kernel.__tvm_ffi_object__()
+    if function is None:  # the DSL loads no build for an arch other than the runtime's
+        raise RuntimeError(
+            f"{name}: compiled for another arch than this process runs (CUTE_DSL_ARCH="
+            f"{os.environ.get('CUTE_DSL_ARCH')!r}); unset it or set it to this GPU's"
+        )
     parameters = len(inspect.signature(kernel.__call__).parameters) - 1  # the stream is TVM-FFI's
-    return compiled_kernel.__tvm_ffi_object__(), (None,) * parameters
+    return function, (None,) * parameters
