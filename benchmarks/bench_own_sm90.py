@@ -1,5 +1,4 @@
-"""TFLOP/s of the own SM90 forward kernel's variants against flash_attn.cute and cuDNN, on two
-clocks.
+"""TFLOP/s of the own SM90 kernel's variants, flash_attn.cute and cuDNN, on two clocks.
 
 Run (on an H100/H200 with flash-attn-cute, from the repository root):
 ``python -m benchmarks.bench_own_sm90`` (``--variants overlap+lf+smem,default``: names from
