@@ -1,23 +1,32 @@
-"""TFLOP/s of the own SM90 forward kernel's variants against flash_attn.cute and cuDNN.
+"""TFLOP/s of the own SM90 kernel's variants, flash_attn.cute and cuDNN, on two clocks.
 
 Run (on an H100/H200 with flash-attn-cute, from the repository root):
-``python benchmarks/bench_own_sm90.py`` (``--variants overlap+lf+smem,default``: names from
+``python -m benchmarks.bench_own_sm90`` (``--variants overlap+lf+smem,default``: names from
 :data:`VARIANTS`, :data:`DEFAULT_VARIANTS` when omitted; ``--rows 0,3``; ``--rounds N``;
-``--clock graph|stream``; ``--warmup MS --rep MS``). For each row of :data:`ROWS` (bf16,
+``--clock both|graph|stream``; ``--warmup MS --rep MS``). For each row of :data:`ROWS` (bf16,
 Hq = Hkv, Sq = Sk) it times each own variant (kernel/adapters/own_sm90.py ``launch`` with that
 variant's knobs, exactly; ``default`` is the registered adapters' ``DEFAULT_KNOBS``),
 flash_attn.cute's SM90 forward and cuDNN through torch SDPA, ``--rounds`` times in turn, and
-prints the machine, then a markdown table: the median TFLOP/s (``4 B H S^2 D``, halved when
-causal) per kernel, the best own variant over flash_attn.cute, and per own variant
-``max|own - FA|`` over the outputs and the NaN count of its output (a fast wrong kernel is no
-result). The default clock times CUDA-graph replays, the kernels' device time, for every kernel
-alike; ``--clock stream`` times calls launched from Python, host launch work included
-(benchmarks/timing.py says why that misleads at short kernels). A kernel that fails prints NaN
-in its cells and its traceback to stderr; the others go on. Each measurement and each finished
-row are printed as they come, so a kernel that hangs under ``timeout`` loses only the rest.
-Compiles happen on first use (cached per dtype, D and causal), outside the timing. torch,
-triton and flash_attn are imported only inside functions, so ``--help`` works on a machine
-without them.
+prints the machine, then a markdown table: per kernel and clock the median TFLOP/s
+(``4 B H S^2 D``, halved when causal), per clock the best own variant over flash_attn.cute,
+the call-time ratio (the ``default`` variant over flash_attn.cute on the stream clock), the
+host time to issue one call of the ``default`` variant and of flash_attn.cute, and per own
+variant ``max|own - FA|`` over the outputs and the NaN count of its output (a fast wrong
+kernel is no result).
+
+The clocks (benchmarks/timing.py): ``graph`` times CUDA-graph replays, the kernels' device
+time, for every kernel alike; ``stream`` times calls launched one after another from Python
+(triton's ``do_bench``), what a Python caller pays, host launch work included: where the
+launch's host work outlasts the kernel, this clock measures the host. ``both`` (the default)
+prints the two side by side, so the gap between them shows what the launch path costs. The
+host column is the wall time of issuing 200 calls in a row without waiting for the GPU,
+per call (:func:`benchmarks.timing.host_us_per_call`).
+
+A kernel that fails prints NaN in its cells and its traceback to stderr; the others go on.
+Each measurement and each finished row are printed as they come, so a kernel that hangs under
+``timeout`` loses only the rest. Compiles happen on first use (cached per dtype, D and causal),
+outside the timing. torch, triton and flash_attn are imported only inside functions, so
+``--help`` works on a machine without them.
 """
 
 from __future__ import annotations
@@ -33,7 +42,7 @@ from typing import Any
 from attention_crossval.kernel.adapters.own_sm90 import DEFAULT_KNOBS  # noqa: E402
 from benchmarks.machine import cpu_model  # noqa: E402
 from benchmarks.peers import flash_attn_cute_forward  # noqa: E402
-from benchmarks.timing import tflops  # noqa: E402
+from benchmarks.timing import host_us_per_call, tflops  # noqa: E402
 
 # (B, H, S, D, causal)
 ROWS: tuple[tuple[int, int, int, int, bool], ...] = (
@@ -76,6 +85,11 @@ VARIANTS: dict[str, dict[str, bool]] = {
 # earlier default (overlap+lf+smem), then pingpong and 192-row tiles each added to it, then
 # both (the default), so the table shows what each step adds.
 DEFAULT_VARIANTS = ("overlap+lf+smem", "all", "overlap+lf+smem+m192", "default")
+# --clock -> the clocks timed, by name: graph (CUDA-graph replays: device time) or stream
+# (do_bench of calls from Python: the caller's time per call).
+CLOCKS = {"both": ("graph", "stream"), "graph": ("graph",), "stream": ("stream",)}
+# The own variant whose host issue time the table shows next to flash_attn.cute's.
+HOST_VARIANT = "default"
 NAN = float("nan")
 
 
@@ -89,11 +103,12 @@ def row(
     warmup: int,
     rep: int,
     rounds: int,
-    graph: bool,
+    clocks: tuple[str, ...],
 ) -> dict[str, Any]:
-    """One table row: speeds per kernel (the median of ``rounds`` rounds, each timing every
-    kernel once in turn, so that a drift of the GPU's clock hits them alike), and per own
-    variant its distance to FA and NaNs."""
+    """One table row: speeds per kernel and clock, keyed ``(kernel, clock)`` (the median of
+    ``rounds`` rounds, each timing every kernel on every clock once in turn, so that a drift
+    of the GPU's clock hits them alike), the host issue time of :data:`HOST_VARIANT` and FA
+    (``host <name>``, microseconds), and per own variant its distance to FA and NaNs."""
     import torch
 
     from attention_crossval.kernel.adapters.own_sm90 import launch
@@ -132,12 +147,18 @@ def row(
     calls = {"fa": fa, "cudnn": cudnn, **calls}
     fa.__name__ = f"flash_attn.cute {B}x{H}x{S} D={D} causal={causal}"
     cudnn.__name__ = f"cuDNN SDPA {B}x{H}x{S} D={D} causal={causal}"
-    speeds: dict[str, list[float]] = {name: [] for name in calls}
+    speeds: dict[tuple[str, str], list[float]] = {
+        (name, clock): [] for name in calls for clock in clocks
+    }
     for _ in range(rounds):
         for name, call in calls.items():
-            speeds[name].append(tflops(flops, call, warmup=warmup, rep=rep, graph=graph))
-            print(f"  {call.__name__}: {speeds[name][-1]:.0f} TFLOP/s", flush=True)
-    result: dict[str, Any] = {name: statistics.median(s) for name, s in speeds.items()}
+            for clock in clocks:
+                speed = tflops(flops, call, warmup=warmup, rep=rep, graph=clock == "graph")
+                speeds[name, clock].append(speed)
+                print(f"  {call.__name__} ({clock}): {speed:.0f} TFLOP/s", flush=True)
+    result: dict[Any, Any] = {key: statistics.median(s) for key, s in speeds.items()}
+    for name in (HOST_VARIANT, "fa"):
+        result[f"host {name}"] = host_us_per_call(calls[name]) if name in calls else NAN
     for name in variants:
         out = outs[name].float()
         result[f"nan {name}"] = int(out.isnan().sum().item())
@@ -145,21 +166,34 @@ def row(
     return result
 
 
-def table_head(variants: list[str]) -> str:
+def table_head(variants: list[str], clocks: tuple[str, ...]) -> str:
     """The markdown table's header (its rows: :func:`table_line`)."""
-    head = ["shape (B, H, S, D)", "causal", *(f"own {v}" for v in variants), "FA cute", "cuDNN"]
-    head += ["best own / FA", *(f"max\\|{v}-FA\\|" for v in variants)]
+    kernels = [*(f"own {v}" for v in variants), "FA cute", "cuDNN"]
+    head = ["shape (B, H, S, D)", "causal"]
+    head += [f"{kernel} ({clock})" for kernel in kernels for clock in clocks]
+    head += [f"best own / FA ({clock})" for clock in clocks]
+    head += [f"call-time ratio own {HOST_VARIANT} / FA"] if "stream" in clocks else []
+    head += [f"host us/call own {HOST_VARIANT}", "host us/call FA"]
+    head += [f"max\\|{v}-FA\\|" for v in variants]
     head += [f"NaN {v}" for v in variants]
     return "| " + " | ".join(head) + " |\n" + "|" + "---|" * len(head)
 
 
-def table_line(shape: tuple[int, int, int, int, bool], r: dict, variants: list[str]) -> str:
-    """One markdown row of a :func:`row` result."""
+def table_line(
+    shape: tuple[int, int, int, int, bool], r: dict, variants: list[str], clocks: tuple[str, ...]
+) -> str:
+    """One markdown row of a :func:`row` result: per clock, the best own variant's TFLOP/s
+    over flash_attn.cute's on that clock; on ``stream``, the call-time ratio of the variant
+    the adapters run (:data:`HOST_VARIANT`) to flash_attn.cute (NaN when it was not timed)."""
     B, H, S, D, causal = shape
-    best = max((r[v] for v in variants if r[v] == r[v]), default=NAN)
     cells = [f"{B}x{H}x{S}x{D}", "yes" if causal else "no"]
-    cells += [f"{r[name]:.0f}" for name in [*variants, "fa", "cudnn"]]
-    cells.append(f"{best / r['fa']:.2f}")
+    cells += [f"{r[name, clock]:.0f}" for name in [*variants, "fa", "cudnn"] for clock in clocks]
+    for clock in clocks:
+        best = max((r[v, clock] for v in variants if r[v, clock] == r[v, clock]), default=NAN)
+        cells.append(f"{best / r['fa', clock]:.2f}")
+    if "stream" in clocks:
+        cells.append(f"{r.get((HOST_VARIANT, 'stream'), NAN) / r['fa', 'stream']:.2f}")
+    cells += [f"{r[f'host {name}']:.1f}" for name in (HOST_VARIANT, "fa")]
     cells += [f"{r[f'diff {v}']:.3g}" for v in variants]
     cells += [str(r[f"nan {v}"]) for v in variants]
     return "| " + " | ".join(cells) + " |"
@@ -182,10 +216,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument(
         "--clock",
-        choices=("graph", "stream"),
-        default="graph",
-        help="graph: CUDA-graph replays, the kernels' device time (default); stream: calls "
-        "launched from Python, host launch overhead included (benchmarks/timing.py)",
+        choices=tuple(CLOCKS),
+        default="both",
+        help="graph: CUDA-graph replays, the kernels' device time; stream: calls launched from "
+        "Python, host launch work included (benchmarks/timing.py); both (default): side by side",
     )
     args = parser.parse_args(argv)
     variants = [v for v in args.variants.split(",") if v]
@@ -202,14 +236,13 @@ def main(argv: list[str] | None = None) -> None:
         f"clock: {args.clock}, median of {args.rounds} rounds",
         flush=True,
     )
-    lines = [table_head(variants)]
+    clocks = CLOCKS[args.clock]
+    lines = [table_head(variants, clocks)]
     for shape in rows:
         print(f"row {shape}:", flush=True)
         try:
-            result = row(
-                *shape, variants, args.warmup, args.rep, args.rounds, args.clock == "graph"
-            )
-            lines.append(table_line(shape, result, variants))
+            result = row(*shape, variants, args.warmup, args.rep, args.rounds, clocks)
+            lines.append(table_line(shape, result, variants, clocks))
             print(lines[-1], flush=True)  # kept if a later kernel hangs
         except Exception:  # noqa: BLE001 - e.g. out of memory: the next row
             print(f"--- row {shape} failed:", file=sys.stderr)

@@ -1,8 +1,9 @@
-"""TFLOP/s of own-sm90, own-sm90-full and flash_attn.cute (bf16, D = 128) on three shapes, with
-the largest difference of own-sm90-full's output from each peer's (a fast wrong kernel is no
-result). Both own launches run the variant the registered adapters run (:func:`knobs_from_env`:
-``DEFAULT_KNOBS`` unless ``ATTENTION_CROSSVAL_SM90_OVERLAP`` picks another). Lines starting with
-``bench`` are the result."""
+"""TFLOP/s of own-sm90, own-sm90-full and flash_attn.cute (bf16, D = 128) on three shapes, on
+both clocks of benchmarks/timing.py (``graph``: device time; ``stream``: the Python caller's
+time per call), with the largest difference of own-sm90-full's output from each peer's (a fast
+wrong kernel is no result). Both own launches run the variant the registered adapters run
+(:func:`knobs_from_env`: ``DEFAULT_KNOBS`` unless ``ATTENTION_CROSSVAL_SM90_OVERLAP`` picks
+another). Lines starting with ``bench`` are the result."""
 
 from __future__ import annotations
 
@@ -34,14 +35,20 @@ def shape(B: int, Hq: int, Hkv: int, S: int, D: int, causal: bool) -> str:
             q, k, v, outs["own"], lses["own"], scale, causal=causal, **knobs
         )
     flops = 4 * B * Hq * S * S * D / (2 if causal else 1)
-    speeds = {name: tflops(flops, call) for name, call in calls.items()}
+    speeds = {
+        (name, clock): tflops(flops, call, graph=clock == "graph")
+        for name, call in calls.items()
+        for clock in ("graph", "stream")
+    }
     diffs = {
         name: (outs["full"].float() - outs[name].float()).abs().max().item()
         for name in calls
         if name != "full"
     }
     cells = " ".join(
-        f"{name}={speeds.get(name, float('nan')):.0f}" for name in ("own", "full", "fa")
+        f"{name}({clock})={speeds.get((name, clock), float('nan')):.0f}"
+        for name in ("own", "full", "fa")
+        for clock in ("graph", "stream")
     )
     diff = " ".join(f"max|full-{name}|={value:.3g}" for name, value in diffs.items())
     return f"bench B={B} Hq={Hq} Hkv={Hkv} S={S} D={D} causal={causal}: TFLOP/s {cells}; {diff}"

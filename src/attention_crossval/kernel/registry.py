@@ -17,8 +17,9 @@ import reprlib
 
 from attention_crossval.kernel.spec import KernelAdapter, KernelSpec
 
-# name -> (dotted path of a zero-arg factory, module whose presence makes it available)
-BUILTIN: dict[str, tuple[str, str | None]] = {
+OWN_KERNEL_MODULES = ("cutlass", "tvm_ffi")
+# name -> (dotted path of a zero-arg factory, module(s) whose presence makes it available)
+BUILTIN: dict[str, tuple[str, str | tuple[str, ...] | None]] = {
     "streaming-fa": ("attention_crossval.kernel.adapters.streaming:create", None),
     "sdpa-math": ("attention_crossval.kernel.adapters.sdpa:math", "torch"),
     "sdpa-flash": ("attention_crossval.kernel.adapters.sdpa:flash", "torch"),
@@ -35,12 +36,16 @@ BUILTIN: dict[str, tuple[str, str | None]] = {
     ),
     # torch.compile'd FlexAttention: a CUDA kernel (spec.device "cuda"), available with torch
     "flex-attention": ("attention_crossval.kernel.adapters.flex:create", "torch"),
-    "own-sm90": ("attention_crossval.kernel.adapters.own_sm90:create", "cutlass"),
+    # the own kernels compile with CuTe DSL and launch through TVM-FFI (adapters/_cute.py)
+    "own-sm90": ("attention_crossval.kernel.adapters.own_sm90:create", OWN_KERNEL_MODULES),
     # the same kernel declaring GQA, varlen and windows (run on the H200)
-    "own-sm90-full": ("attention_crossval.kernel.adapters.own_sm90:create_full", "cutlass"),
+    "own-sm90-full": (
+        "attention_crossval.kernel.adapters.own_sm90:create_full",
+        OWN_KERNEL_MODULES,
+    ),
     "own-sm100": (
         "attention_crossval.kernel.adapters.own_sm100:create",
-        "cutlass",
+        OWN_KERNEL_MODULES,
     ),  # compile-only: no SM100 here
 }
 # Built-ins that run in the caller's process unless told otherwise: project code with no native
@@ -163,10 +168,14 @@ def _runs_on_this_gpu(name: str) -> bool:
     return torch.cuda.get_device_capability()[0] == major
 
 
-def _importable(module: str | None) -> bool:
-    if module is None:
+def _importable(modules: str | tuple[str, ...] | None) -> bool:
+    """Whether every one of ``modules`` can be imported (None: nothing is needed)."""
+    if modules is None:
         return True
     try:
-        return importlib.util.find_spec(module) is not None
+        return all(
+            importlib.util.find_spec(module) is not None
+            for module in ((modules,) if isinstance(modules, str) else modules)
+        )
     except ModuleNotFoundError:
         return False

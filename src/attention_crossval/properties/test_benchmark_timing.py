@@ -88,3 +88,27 @@ def test_a_failing_call_is_nan_with_its_traceback(
     assert timing.calls == []
     err = capsys.readouterr().err
     assert "broken failed" in err and "ValueError: bad launch" in err
+
+
+def test_host_clock_times_the_issue_of_calls_without_waiting(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``host_us_per_call``: one untimed call, then ``calls`` calls issued in a row with the
+    GPU synchronized only before and after them (a stub ``torch`` records the order), as
+    microseconds per call; a call that raises gives NaN and its traceback."""
+    events: list[str] = []
+    cuda = types.SimpleNamespace(synchronize=lambda: events.append("sync"))
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
+    spec = importlib.util.spec_from_file_location("bench_timing_host", TIMING)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    us = module.host_us_per_call(lambda: events.append("call"), calls=5)
+    assert events == ["call", "sync", *["call"] * 5, "sync"]
+    assert 0 < us < 1e6
+
+    def broken() -> None:
+        raise ValueError("bad launch")
+
+    assert math.isnan(module.host_us_per_call(broken))
+    assert "ValueError: bad launch" in capsys.readouterr().err

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -44,6 +45,10 @@ from attention_crossval.reference.precision import cast_input
 HAS_CUTLASS = importlib.util.find_spec("cutlass") is not None
 needs_cutlass = pytest.mark.skipif(
     not HAS_CUTLASS, reason="cutlass not importable (pip install nvidia-cutlass-dsl==4.8.1)"
+)
+needs_tvm_ffi = pytest.mark.skipif(
+    importlib.util.find_spec("tvm_ffi") is None,
+    reason="tvm_ffi not importable (pip install -e '.[kernels]': apache-tvm-ffi)",
 )
 CONFIGS = [
     (dtype, head_dim, causal)
@@ -844,6 +849,20 @@ def test_own_sm90_declarations() -> None:
 
 
 @pytest.mark.cpu
+def test_own_kernels_are_available_only_with_cutlass_and_tvm_ffi() -> None:
+    """The own kernels compile with CuTe DSL and launch through TVM-FFI: the registry offers
+    them only where both import (with one missing they would fail every case, not skip)."""
+    from attention_crossval.kernel import registry
+
+    for name in ("own-sm90", "own-sm90-full", "own-sm100"):
+        assert registry.BUILTIN[name][1] == ("cutlass", "tvm_ffi"), name
+    assert registry._importable(("numpy", "pytest")) and registry._importable("numpy")
+    assert not registry._importable(("numpy", "attention_crossval_no_such_module"))
+    has_both = importlib.util.find_spec("tvm_ffi") is not None and HAS_CUTLASS
+    assert ("own-sm90" in registry.available()) == has_both
+
+
+@pytest.mark.cpu
 def test_own_sm90_runs_plain_cases_dense_and_the_rest_on_the_varlen_path(monkeypatch) -> None:
     """``own-sm90`` sends a case with GQA, lengths or a window to the varlen path (the dense
     path would ignore them: wrong rows, not an error) and a plain one to the dense path;
@@ -906,6 +925,94 @@ def test_own_sm90_overlap_switch(monkeypatch: pytest.MonkeyPatch) -> None:
         assert "longest_first" in str(error.value) and "baseline" in str(error.value)
 
 
+@pytest.fixture
+def dsl_arch_sm90a() -> Iterator[None]:
+    """The DSL's runtime arch set to sm_90a, as ``CUTE_DSL_ARCH=sm_90a`` sets it, so that the
+    adapters' launch compiles for sm_90a and loads the result as on an H200 (the DSL gives a
+    build for another arch than the runtime's no function to call); reset afterwards to the
+    environment's or the detected arch."""
+    from cutlass.cutlass_dsl import CuTeDSL
+
+    envar = CuTeDSL._get_dsl().envar
+    envar.arch = "sm_90a"
+    try:
+        yield
+    finally:
+        del envar.arch
+
+
+@pytest.mark.cpu
+@needs_cutlass
+@needs_tvm_ffi
+@pytest.mark.parametrize("path", ["dense, default knobs", "varlen + window, persistent"])
+def test_own_sm90_launch_calls_tvm_ffi_with_the_tensors_as_given(
+    monkeypatch: pytest.MonkeyPatch, dsl_arch_sm90a: None, path: str
+) -> None:
+    """The launch path itself, on the CPU: ``launch`` / ``launch_full`` compile their variant
+    for sm_90a with TVM-FFI once (the second call reuses it) and hand the arrays to the
+    compiled function as they are, every parameter filled (TVM-FFI counts them: a short call
+    is a TypeError), and the function checks them in C++: host arrays are refused with a
+    ValueError naming argument #0, where the kernel needs CUDA tensors, so the call got past
+    the Python part to the compiled launcher. The dense path's default knobs include
+    ``smem_epilogue``, whose alignment check reads torch's tensor methods: torch CPU tensors
+    there (skipped without torch); numpy float16 arrays through DLPack on the varlen path."""
+    from attention_crossval.kernel.adapters import _cute, own_sm90
+
+    compiles: list[tuple] = []
+
+    def counted(key: tuple, make_kernel: object) -> tuple:
+        compiles.append(key)
+        return real_compiled(key, make_kernel)
+
+    real_compiled = _cute.compiled
+    monkeypatch.setattr(_cute, "compiled", counted)
+    monkeypatch.setattr(_cute, "_COMPILED", {})
+    if path.startswith("dense"):
+        torch = pytest.importorskip("torch")
+        q, k, v, out = (torch.zeros(2, 256, 4, 64, dtype=torch.bfloat16) for _ in range(4))
+        lse = torch.zeros(2, 4, 256)
+        call = lambda: own_sm90.launch(  # noqa: E731
+            q, k, v, out, lse, 0.125, causal=True, **dict.fromkeys(DEFAULT_KNOBS, True)
+        )
+    else:
+        q, k, v, out = (np.zeros((2, 256, 4, 64), np.float16) for _ in range(4))
+        lse = np.zeros((2, 4, 256), np.float32)
+        lengths = np.full(2, 256, np.int32)
+        call = lambda: own_sm90.launch_full(  # noqa: E731
+            q, k, v, out, lse, 0.125, False, lengths, lengths, (16, 0),
+            overlap=True, persistent=True, num_sms=132,
+        )  # fmt: skip
+    for _ in range(2):
+        with pytest.raises(ValueError, match=r"argument #0(.|\n)*expected device_type=cuda"):
+            call()
+    assert len(compiles) == 1, compiles
+    function, padding = _cute._COMPILED[compiles[0]]
+    assert len(padding) == 11  # q, k, v, o, lse, scale_log2 and five optional: not the stream
+    with pytest.raises(TypeError, match="11 parameters"):
+        function(q, k, v, out, lse, 0.125)
+
+
+@pytest.mark.cpu
+@needs_cutlass
+@needs_tvm_ffi
+def test_own_sm90_launch_build_runs_the_ptx_the_cpu_tests_inspect(
+    dsl_arch_sm90a: None, tmp_path: Path
+) -> None:
+    """The launch's TVM-FFI build (``compile_on_fake_tensors(..., tvm_ffi=True)``, what
+    ``_cute.compiled`` calls) differs from the compile-only build the other tests inspect in
+    its host entry only: the device code, the PTX, is the same text (the adapters' variant,
+    causal, D = 128)."""
+    from attention_crossval.kernel.common.host import compile_on_fake_tensors
+
+    kernel = _sm90("bfloat16", 128, True, **dict.fromkeys(DEFAULT_KNOBS, True))
+    tested_dir, launch_dir = tmp_path / "tested", tmp_path / "launch"
+    tested_dir.mkdir(), launch_dir.mkdir()
+    tested = _ptx(kernel.compile(options=f"--keep-ptx --dump-dir={tested_dir}"))
+    options = f"--keep-ptx --dump-dir={launch_dir}"
+    launched = _ptx(compile_on_fake_tensors(kernel, kernel.dtype, None, options, tvm_ffi=True))
+    assert "wgmma.mma_async" in tested and launched == tested
+
+
 @pytest.mark.cpu
 def test_own_sm90_launch_refuses_unknown_knobs() -> None:
     """Both launches take the knobs by name and refuse any other before touching a tensor (a
@@ -918,44 +1025,63 @@ def test_own_sm90_launch_refuses_unknown_knobs() -> None:
         launch_full(None, None, None, None, None, 1.0, True, None, None, None, smem=True)
 
 
+class _Out:
+    """The three ``torch.Tensor`` methods the launch's alignment check reads."""
+
+    def __init__(self, ptr: int, stride: tuple[int, ...]) -> None:
+        self.ptr, self.strides = ptr, stride
+
+    def element_size(self) -> int:
+        return 2
+
+    def data_ptr(self) -> int:
+        return self.ptr
+
+    def stride(self) -> tuple[int, ...]:
+        return self.strides
+
+
+def _recorded_launch(monkeypatch: pytest.MonkeyPatch, out: object, **knobs: bool) -> dict:
+    """``own_sm90.launch`` on stand-in tensors with ``_cute.launch`` recording its keywords
+    instead of compiling: what the adapter's Python part hands the shared launcher."""
+    from attention_crossval.kernel.adapters import _cute
+    from attention_crossval.kernel.adapters.own_sm90 import launch
+
+    recorded: dict = {}
+    monkeypatch.setattr(_cute, "launch", lambda *args, **kwargs: recorded.update(kwargs))
+    launch(None, None, None, out, None, 1.0, causal=False, **knobs)
+    return recorded
+
+
 @pytest.mark.cpu
-def test_own_sm90_persistent_grid_cap() -> None:
+def test_own_sm90_persistent_grid_cap(monkeypatch: pytest.MonkeyPatch) -> None:
     """The adapters' persistent grid cap: ``num_sms`` when given (no device query), None
-    without ``persistent`` (the kernel then takes no cap), an error below 1."""
-    from attention_crossval.kernel.adapters.own_sm90 import _max_ctas
-
-    assert _max_ctas(None, {"persistent": True}, 132) == 132
-    assert _max_ctas(None, {"overlap": True}, 132) is None
+    without ``persistent`` (the kernel then takes no cap), an error below 1; the variant key
+    names the knobs turned on, in :data:`KNOBS` order, whatever order they came in."""
+    out = _Out(4096, (2048 * 128, 1024, 128, 1))
+    persistent = _recorded_launch(monkeypatch, out, persistent=True, overlap=True, num_sms=132)
+    assert (persistent["max_ctas"], persistent["variant"]) == (132, ("overlap", "persistent"))
+    plain = _recorded_launch(monkeypatch, out, overlap=True, persistent=False, num_sms=132)
+    assert (plain["max_ctas"], plain["variant"]) == (None, ("overlap",))
     with pytest.raises(ValueError, match="num_sms"):
-        _max_ctas(None, {"persistent": True}, 0)
+        _recorded_launch(monkeypatch, out, persistent=True, num_sms=0)
 
 
 @pytest.mark.cpu
-def test_own_sm90_smem_epilogue_checks_out_alignment() -> None:
+def test_own_sm90_smem_epilogue_checks_out_alignment(monkeypatch: pytest.MonkeyPatch) -> None:
     """The launch refuses ``smem_epilogue`` on an ``out`` the kernel's 16-byte O stores would
     misalign (an offset base or a stride not a multiple of 16 bytes), before any compile; the
     other variants never look."""
-    from attention_crossval.kernel.adapters.own_sm90 import _check_out_alignment
-
-    class Out:  # the three torch.Tensor methods the check reads
-        def __init__(self, ptr: int, stride: tuple[int, ...]) -> None:
-            self.ptr, self.strides = ptr, stride
-
-        def element_size(self) -> int:
-            return 2
-
-        def data_ptr(self) -> int:
-            return self.ptr
-
-        def stride(self) -> tuple[int, ...]:
-            return self.strides
-
-    on = {"smem_epilogue": True}
-    _check_out_alignment(Out(4096, (2048 * 128, 1024, 128, 1)), on)
-    _check_out_alignment(Out(4098, (8, 8, 1, 1)), {"overlap": True})
-    for bad in (Out(4098, (2048 * 128, 1024, 128, 1)), Out(4096, (2048 * 128, 1028, 128, 1))):
+    _recorded_launch(monkeypatch, _Out(4096, (2048 * 128, 1024, 128, 1)), smem_epilogue=True)
+    _recorded_launch(monkeypatch, _Out(4098, (8, 8, 1, 1)), overlap=True)
+    for bad in (
+        _Out(4098, (2048 * 128, 1024, 128, 1)),
+        _Out(4096, (2048 * 128, 1028, 128, 1)),
+        _Out(4096, (2048 * 128 + 4, 1024, 128, 1)),
+        _Out(4096, (2048 * 128, 1024, 132, 1)),
+    ):
         with pytest.raises(ValueError, match="smem_epilogue"):
-            _check_out_alignment(bad, on)
+            _recorded_launch(monkeypatch, bad, smem_epilogue=True)
 
 
 def _case(

@@ -30,16 +30,18 @@ it has run only in benchmarks/bench_own_sm90.py, never under the property tests.
 Benchmarks choose a variant directly with the knob arguments of :func:`launch` and
 :func:`launch_full`, where a knob left out is off (no knobs: the baseline kernel).
 
-Kernels are compiled once per variant and cached for the process; B, H, Sq, Sk and all strides
-are dynamic, so guard-banded views go straight to the kernel. torch and cutlass are imported
+Kernels are compiled once per variant and cached for the process, and launched through TVM-FFI
+(kernel/adapters/_cute.py); B, H, Sq, Sk and all strides are dynamic, so guard-banded views go
+straight to the kernel. torch and cutlass are imported
 only inside calls (CI without either can still import this module).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from functools import partial
+from functools import cache, partial
 from typing import Any
 
 from attention_crossval.kernel.adapters import _cute, _torch
@@ -231,50 +233,67 @@ def _launch(
 ) -> None:
     """What :func:`launch` and :func:`launch_full` share: the knobs checked, the output's
     alignment for ``smem_epilogue``, the persistent grid cap, one cached compile per variant;
-    ``full`` holds ``own-sm90-full``'s GQA, lengths and window."""
-    unknown = sorted(set(knobs) - set(KNOBS))
-    if unknown:
-        raise TypeError(f"unknown knobs {unknown}: the kernel's are {list(KNOBS)}")
-    _check_out_alignment(out, knobs)
+    ``full`` holds ``own-sm90-full``'s GQA, lengths and window. Per call this is two dict
+    lookups and, under ``smem_epilogue``, the stride check: a launch costs less host time than
+    a short kernel runs (benchmarks/bench_launch_host.py)."""
+    variant, build = _VARIANTS.get(tuple(knobs.items())) or _variant_of(knobs)
+    if "smem_epilogue" in variant:
+        _check_out_alignment(out)
+    max_ctas = _max_ctas(q, num_sms) if "persistent" in variant else None
     _cute.launch(
-        name, partial(make_kernel, **knobs), q, k, v, out, lse, softmax_scale, causal=causal,
-        variant=_variant(knobs), max_ctas=_max_ctas(q, knobs, num_sms), **full,
+        name, build, q, k, v, out, lse, softmax_scale, causal=causal, variant=variant,
+        max_ctas=max_ctas, **full,
     )  # fmt: skip
 
 
-def _check_out_alignment(out: Any, knobs: dict[str, bool]) -> None:
+# The knobs as passed (their items, in order) -> the variant (the names turned on, in
+# :data:`KNOBS` order: the compile-cache key part) and its kernel factory, for this process.
+_VARIANTS: dict[tuple[tuple[str, bool], ...], tuple[tuple[str, ...], Callable[..., Any]]] = {}
+
+
+def _variant_of(knobs: dict[str, bool]) -> tuple[tuple[str, ...], Callable[..., Any]]:
+    """The :data:`_VARIANTS` entry of ``knobs``, made on their first use: unknown names refused
+    (a misspelt knob must not run the baseline kernel under a variant's name)."""
+    unknown = sorted(set(knobs) - set(KNOBS))
+    if unknown:
+        raise TypeError(f"unknown knobs {unknown}: the kernel's are {list(KNOBS)}")
+    variant = tuple(name for name in KNOBS if knobs.get(name))
+    entry = _VARIANTS[tuple(knobs.items())] = (
+        variant,
+        partial(make_kernel, **dict.fromkeys(variant, True)),
+    )
+    return entry
+
+
+def _check_out_alignment(out: Any) -> None:
     """``smem_epilogue`` stores O in 16-byte pieces (a TMA store, or 16-byte chunks of rows
     under varlen), which the kernel compiles assuming: ``out`` 16-byte aligned, its S, H and B
     strides multiples of 16 bytes (the TMA loads need the same of q, k and v)."""
-    if not knobs.get("smem_epilogue"):
-        return
     per_chunk = 16 // out.element_size()
-    if out.data_ptr() % 16 or any(stride % per_chunk for stride in out.stride()[:3]):
+    strides = out.stride()
+    if out.data_ptr() % 16 or any(strides[i] % per_chunk for i in range(3)):
         raise ValueError(
             f"smem_epilogue needs out 16-byte aligned with strides in multiples of {per_chunk} "
             f"elements but for the last: data_ptr % 16 = {out.data_ptr() % 16}, strides "
-            f"{tuple(out.stride())}"
+            f"{tuple(strides)}"
         )
 
 
-def _max_ctas(q: Any, knobs: dict[str, bool], num_sms: int | None) -> int | None:
+def _max_ctas(q: Any, num_sms: int | None) -> int:
     """The persistent kernel's grid cap: ``num_sms``, or the SM count of ``q``'s device (132 on
-    an H100 SXM or H200); None without ``persistent`` (the kernel then takes no cap)."""
-    if not knobs.get("persistent"):
-        return None
+    an H100 SXM or H200)."""
     if num_sms is None:
-        import torch
-
-        num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+        num_sms = _sm_count(q.device)
     if num_sms < 1:
         raise ValueError(f"num_sms={num_sms} must be >= 1")
     return int(num_sms)
 
 
-def _variant(knobs: dict[str, bool]) -> tuple[str, ...]:
-    """The compile-cache key part of the knobs: the names turned on, in :data:`KNOBS` order
-    (empty for the baseline kernel)."""
-    return tuple(name for name in KNOBS if knobs.get(name))
+@cache
+def _sm_count(device: Any) -> int:
+    import torch
+
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def consumer_warpgroups(head_dim: int, m192: bool) -> int:

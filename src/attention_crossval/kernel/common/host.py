@@ -24,12 +24,18 @@ def attention_views(
 
 
 def fake_arguments(
-    dtype: type, *, varlen: bool = False, window: bool = False, max_ctas: int | None = None
+    dtype: type,
+    *,
+    varlen: bool = False,
+    window: bool = False,
+    max_ctas: int | None = None,
+    env_stream: bool = False,
 ) -> tuple:
     """The arguments an own kernel compiles on without a GPU, typed like the adapters' runtime
     ones: q, k, v, o of ``dtype`` with every extent and stride dynamic but D's unit stride (as
     ``from_dlpack(t).mark_layout_dynamic(leading_dim=3)`` gives), lse ``[B, H, Sq]`` float32,
-    ``scale_log2`` and a fake stream.
+    ``scale_log2`` and a fake stream. ``env_stream``: under TVM-FFI the stream is no argument
+    but the caller's current stream (torch's, read by TVM-FFI at each call).
 
     ``varlen`` / ``window`` add the trailing arguments such a kernel takes: the per-batch int32
     lengths ``seqused_q`` / ``seqused_k`` and the ``Int32`` window bounds (None when off).
@@ -49,7 +55,8 @@ def fake_arguments(
         (cute.sym_int64(), cute.sym_int64(), 1),
         assumed_align=4,
     )
-    args: tuple = (qkv(), qkv(), qkv(), qkv(), lse, Float32(LOG2_E), make_fake_stream())
+    stream = make_fake_stream(use_tvm_ffi_env_stream=env_stream)
+    args: tuple = (qkv(), qkv(), qkv(), qkv(), lse, Float32(LOG2_E), stream)
     if varlen or window or max_ctas is not None:
         lengths = [
             make_fake_tensor(Int32, (cute.sym_int(),), (1,), assumed_align=4) if varlen else None
@@ -65,15 +72,25 @@ def fake_arguments(
 def compile_on_fake_tensors(
     kernel: object,
     dtype: type,
-    arch: str,
+    arch: str | None,
     options: str = "",
     *,
     varlen: bool = False,
     window: bool = False,
     max_ctas: int | None = None,
+    tvm_ffi: bool = False,
 ) -> object:
     """``cute.compile`` of ``kernel`` for ``arch`` (e.g. ``sm_90a``) on :func:`fake_arguments`
-    (``varlen``, ``window`` and ``max_ctas`` as there). Never touches a GPU, and
-    ``--gpu-arch`` is passed, so it does not depend on ``CUTE_DSL_ARCH``."""
-    args = fake_arguments(dtype, varlen=varlen, window=window, max_ctas=max_ctas)
-    return cute.compile(kernel, *args, options=f"--gpu-arch={arch} {options}".strip())
+    (``varlen``, ``window`` and ``max_ctas`` as there). Never touches a GPU; with ``arch``
+    ``--gpu-arch`` is passed, so it does not depend on ``CUTE_DSL_ARCH`` (None: the DSL's
+    choice, ``CUTE_DSL_ARCH`` or the GPU's).
+
+    ``tvm_ffi``: the adapters' launch build (``--enable-tvm-ffi``, the stream taken from the
+    caller's current stream). Its compiled function takes torch tensors and Python scalars
+    directly, every parameter positional but the stream, and checks each tensor's dtype, rank,
+    device, unit D stride and 16-byte alignment (4 for lse and lengths) in C++."""
+    args = fake_arguments(
+        dtype, varlen=varlen, window=window, max_ctas=max_ctas, env_stream=tvm_ffi
+    )
+    flags = [f"--gpu-arch={arch}" if arch else "", "--enable-tvm-ffi" if tvm_ffi else "", options]
+    return cute.compile(kernel, *args, options=" ".join(flag for flag in flags if flag))
