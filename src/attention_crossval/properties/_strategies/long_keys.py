@@ -5,10 +5,11 @@ A dQ accumulated in 16 bits across the K blocks (rounded after each block's add)
 half an ulp of the running sum per block. On gaussian data the running sum is of the order of
 dq and its terms cancel, so that loss stays inside the bound (docs/backward.md). The
 ``swamped_dq`` pattern makes it systematic: a first and a last key with large, opposite V hold
-the running sum large from the first block on (their terms cancel in dq, but they enter the
-bound's magnitudes only once), and every other key adds a small term of one sign, each block's
-sum below the 16-bit ulp of the running sum, so a 16-bit accumulator drops (or rounds up) every
-one of them. The other draws use the plain score distributions over as many keys.
+the running sum large from the first block on (their terms cancel in dq; the bound grows with
+their magnitude once, not once per block), and every other key adds a small term of one sign,
+each block's sum near the 16-bit ulp of the running sum, so a 16-bit accumulator rounds every
+block's add the same way and loses a share of each. The other draws use the plain score
+distributions over as many keys.
 """
 
 from __future__ import annotations
