@@ -34,7 +34,7 @@ def run_suite(kernel: str, seed: int) -> tuple[bool, str, float]:
         **os.environ,
         "HYPOTHESIS_PROFILE": "ci",
         "ATTENTION_CROSSVAL_SEED": str(seed),
-        "PYTHONPATH": str(ROOT),
+        "PYTHONPATH": str(ROOT / "src"),  # spawned workers import the checkout, not an install
         "OPENBLAS_NUM_THREADS": "1",
     }
     command = [sys.executable, "-m", "pytest", "-m", "cpu", "-q", "-p", "no:cacheprovider"]

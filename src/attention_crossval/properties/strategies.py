@@ -40,6 +40,11 @@ from attention_crossval.properties._strategies.gradients import (
 )
 from attention_crossval.properties._strategies.hidden import hidden_key_cases
 from attention_crossval.properties._strategies.long import LONG_KINDS, long_context_cases
+from attention_crossval.properties._strategies.long_keys import (
+    SWAMPED_DQ,
+    long_key_cases,
+    long_key_lengths,
+)
 from attention_crossval.properties._strategies.masks import mask_class, masks
 from attention_crossval.properties._strategies.paged import paged_cases
 from attention_crossval.properties._strategies.scores import (
@@ -357,16 +362,48 @@ def backward_cases(
     The label is the forward label plus ``grad=<name>``. Bug classes: see each gradient
     distribution's ``targets``. Shrinks as the forward case does, and dO towards ``gaussian``.
     """
-    names = tuple(GRADIENT_DISTRIBUTIONS) if do_distributions is None else tuple(do_distributions)
-    gradient_distributions(names=names)  # validates the names now rather than at the first draw
+    names = _gradient_names(do_distributions)
     spec = attention_options.get("spec")
-    if isinstance(spec, KernelSpec) and spec.backward_head_dims is not None:
-        dims = spec.backward_head_dims  # the shapes the backward is declared for
-        attention_options["spec"] = dataclasses.replace(
-            spec, head_dims=dims, head_dims_v=None, head_dim_pairs=None
-        )
+    if isinstance(spec, KernelSpec):
+        attention_options["spec"] = _backward_spec(spec)
     forward = attention_cases(**{"features": (), **attention_options})  # forward-only surface
     return _backward_cases(forward, names)
+
+
+def long_key_backward_cases(
+    *,
+    spec: KernelSpec,
+    max_heads: int = 2,
+    max_head_dim: int = 64,
+    do_distributions: Collection[str] | None = None,
+) -> st.SearchStrategy[BackwardCase]:
+    """Backward cases of one or two queries over 1024 keys or more (eight K blocks or more):
+    the forward from :func:`long_key_cases` (three times in four :data:`SWAMPED_DQ`, where a
+    dQ accumulated in 16 bits across the K blocks shows), dO from ``do_distributions`` (names
+    from :data:`GRADIENT_DISTRIBUTIONS`, default all)."""
+    names = _gradient_names(do_distributions)
+    if not isinstance(spec, KernelSpec):
+        raise ValueError(f"spec must be a KernelSpec, got {spec!r:.80}")
+    forward = long_key_cases(
+        spec=_backward_spec(spec), max_heads=max_heads, max_head_dim=max_head_dim
+    )
+    return _backward_cases(forward, names)
+
+
+def _gradient_names(do_distributions: Collection[str] | None) -> tuple[str, ...]:
+    """``do_distributions`` (default: every name), validated now rather than at the first draw."""
+    names = tuple(GRADIENT_DISTRIBUTIONS) if do_distributions is None else tuple(do_distributions)
+    gradient_distributions(names=names)
+    return names
+
+
+def _backward_spec(spec: KernelSpec) -> KernelSpec:
+    """``spec`` with the head dims its backward is declared for (all, if it names none)."""
+    if spec.backward_head_dims is None:
+        return spec
+    return dataclasses.replace(
+        spec, head_dims=spec.backward_head_dims, head_dims_v=None, head_dim_pairs=None
+    )
 
 
 __all__ = [
@@ -377,6 +414,7 @@ __all__ = [
     "GradientDistribution",
     "REFERENCE_SPEC",
     "SURFACES",
+    "SWAMPED_DQ",
     "Evidence",
     "ScoreDistribution",
     "Shape",
@@ -390,6 +428,9 @@ __all__ = [
     "hidden_key_cases",
     "long_context_cases",
     "long_decode_cases",
+    "long_key_backward_cases",
+    "long_key_cases",
+    "long_key_lengths",
     "length_class",
     "mask_class",
     "masks",

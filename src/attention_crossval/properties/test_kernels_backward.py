@@ -12,7 +12,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from hypothesis import assume, find, given, seed, settings
+from hypothesis import HealthCheck, Phase, assume, find, given, seed, settings
 from hypothesis import strategies as st
 
 from attention_crossval.kernel.broken.cpu_backward_faults import (
@@ -38,7 +38,13 @@ from attention_crossval.properties.kernels_under_test import (
 )
 from attention_crossval.properties.phase_timings import timed_cases
 from attention_crossval.properties.replay import reproducer_on_failure
-from attention_crossval.properties.strategies import backward_cases, spec_features
+from attention_crossval.properties.strategies import (
+    SWAMPED_DQ,
+    backward_cases,
+    long_key_backward_cases,
+    long_key_lengths,
+    spec_features,
+)
 from attention_crossval.properties.test_kernels import _settings_for
 from attention_crossval.pytest_plugin import derived_seed, kernel_seed
 from attention_crossval.reference.case import AttentionCase, CausalAlignment, Mask
@@ -67,13 +73,19 @@ def backward_max_len(spec: KernelSpec) -> int:
 def backward_strategies(spec: KernelSpec) -> dict[str, st.SearchStrategy[BackwardCase]]:
     """The backward test's strategies, named: one per declared dtype, so that a bug of one
     dtype's chain (a dS rounded wrongly under fp16, a dQ order visible only in fp32 bits) meets
-    its share of the cases in every run, which one draw over all dtypes does not promise; and
-    for a GPU kernel declaring it, a long decode (a few queries over 4096+ keys, where a dQ
-    accumulated in 16 bits drifts over many K blocks). On a CPU kernel long decodes and more
-    than two heads (GQA 2:1 stays) cost seconds a case on the two cores CI has."""
+    its share of the cases in every run, which one draw over all dtypes does not promise; long
+    keys (one or two queries over 1024+ keys, eight K blocks or more, mostly the
+    ``swamped_dq`` pattern: a dQ accumulated in 16 bits across the K blocks loses its small
+    terms); and for a GPU kernel declaring it, a long decode (a few queries over 4096+ keys).
+    On a CPU kernel long decodes and more than two heads (GQA 2:1 stays) cost seconds a case
+    on the two cores CI has; a long-key case with D <= 16 costs about a tenth of one."""
     cpu = spec.device == "cpu"
     options = {"spec": spec, "max_len": backward_max_len(spec), "max_heads": 2 if cpu else 4}
     named = {f"dtype={d}": backward_cases(dtypes=[d], **options) for d in sorted(spec.dtypes)}
+    if spec.max_seqlen >= long_key_lengths(spec.tile_n)[-1]:
+        named["long_keys"] = long_key_backward_cases(
+            spec=spec, max_heads=options["max_heads"], max_head_dim=16 if cpu else 64
+        )
     if not cpu and "long_decode" in spec_features(spec):
         named["long_decode"] = backward_cases(required_features=["long_decode"], **options)
     return named
@@ -85,14 +97,16 @@ def backward_strategies(spec: KernelSpec) -> dict[str, st.SearchStrategy[Backwar
 def test_kernel_backward_passes_every_check(kernel: str, request: pytest.FixtureRequest) -> None:
     """Every generated backward case inside the kernel's declaration passes every check: as many
     cases as the forward's free test draws (the profile's count, :func:`_settings_for`), split
-    evenly over :func:`backward_strategies`, each seeded from the kernel's seed and its name."""
+    evenly over :func:`backward_strategies` but long keys, which draws one more such share (a
+    tenth of a second a case on a CPU kernel); each seeded from the kernel's seed and its name."""
     adapter = kernel_adapter(kernel)
     spec = adapter.spec
     if not spec.backward:
         pytest.skip(f"{kernel} declares no backward")
     strategies = backward_strategies(spec)
     chosen = _settings_for(spec)
-    share = settings(chosen, max_examples=max(1, chosen.max_examples // len(strategies)))
+    sharing = len(strategies) - ("long_keys" in strategies)
+    share = settings(chosen, max_examples=max(1, chosen.max_examples // sharing))
     derived = kernel_seed(request.config, kernel)
     for name, strategy in strategies.items():
 
@@ -398,3 +412,70 @@ def test_backward_checks_are_in_the_one_vocabulary() -> None:
     adapter.backward_checks = frozenset({"prefill"})
     with pytest.raises(ValueError, match=r"backward_checks has \['prefill'\]"):
         backward_checks(adapter)
+
+
+def _drawn(strategy: st.SearchStrategy, count: int) -> list:
+    """``count`` derandomized draws of ``strategy`` (generation only, as the suite draws)."""
+    drawn = []
+
+    @settings(
+        max_examples=count,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(strategy)
+    def collect(value) -> None:
+        drawn.append(value)
+
+    collect()
+    return drawn
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("which", ["streaming-fa", "cpu-backward"])
+def test_long_keys_draw_many_key_blocks_mostly_swamped(which: str) -> None:
+    """The backward suite's long-key strategy, for the CPU kernel and for the broken backward
+    kernels' spec: every case has one or two queries over 1024+ keys and eight K blocks or
+    more; at least half are the swamped pattern, whose claim holds; and every declared dtype
+    is drawn. Counted over 40 derandomized draws."""
+    spec = resolve("streaming-fa").spec if which == "streaming-fa" else BrokenBackwardAdapter().spec
+    strategy = backward_strategies(spec)["long_keys"]
+    cases = _drawn(strategy, 40)
+    assert len(cases) == 40
+    for case in cases:
+        fwd = case.forward
+        assert fwd.Sq <= 2 and fwd.Sk >= 1024 and -(-fwd.Sk // spec.tile_n) >= 8, fwd.describe()
+    swamped = [c for c in cases if "dist=swamped_dq" in c.label]
+    assert len(swamped) >= 20, [c.label for c in cases]
+    for case in swamped:
+        evidence = SWAMPED_DQ.claim(case.forward, spec.tile_n)
+        assert evidence.failure is None and evidence.applicable > 0, evidence
+    assert {c.forward.dtype for c in cases} == set(spec.dtypes)
+
+
+@pytest.mark.cpu
+def test_swamped_claim_rejects_a_gaussian_case() -> None:
+    """The control: the claim fails where the keys and values carry no common sign."""
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, n, 1, 16)).astype(np.float32) for n in (1, 64, 64))
+    assert SWAMPED_DQ.claim(AttentionCase(q, k, v), 16).failure is not None
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_swamped_long_keys_catch_a_16_bit_dq_accumulator(dtype: str) -> None:
+    """A drawn swamped case over 1024 keys (the first such draw in ``dtype`` with a gaussian
+    dO): the 16-bit dQ accumulator fails dq-bound and nothing else, the fp32 one passes."""
+    spec = BrokenBackwardAdapter().spec
+    strategy = long_key_backward_cases(spec=spec, max_head_dim=16, do_distributions=["gaussian"])
+    case = find(
+        strategy,
+        lambda c: "dist=swamped_dq" in c.label and c.forward.dtype == dtype,
+        settings=settings(database=None, deadline=None, derandomize=True),
+    )
+    run_backward_case(BrokenBackwardAdapter("none"), case, samples=1).raise_for()
+    verdict = run_backward_case(BrokenBackwardAdapter("dq_16bit_accumulator"), case, samples=1)
+    assert {f.check for f in verdict.findings} == {"dq-bound"}, case.label

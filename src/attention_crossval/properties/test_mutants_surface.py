@@ -10,7 +10,7 @@ import inspect
 
 import numpy as np
 import pytest
-from hypothesis import Phase, find, settings
+from hypothesis import HealthCheck, Phase, find, given, settings
 from hypothesis import strategies as st
 
 from attention_crossval.kernel import call_options
@@ -20,6 +20,7 @@ from attention_crossval.kernel.harness import run_case
 from attention_crossval.properties._strategies.paged import (
     filling_page_sizes,
     page_sizes,
+    seen_last_pages,
     with_pages,
 )
 from attention_crossval.properties._strategies.splits import draw_num_splits, split_choices
@@ -36,10 +37,11 @@ from attention_crossval.properties.mutants_surface import (
     surface_trigger_case,
 )
 from attention_crossval.properties.strategies import attention_cases
+from attention_crossval.properties.test_kernels import _max_len
 from attention_crossval.reference import paged as reference_paged
 from attention_crossval.reference import splitkv as reference_splitkv
 from attention_crossval.reference import streaming as reference_streaming
-from attention_crossval.reference.case import AttentionCase, Mask
+from attention_crossval.reference.case import AttentionCase, CausalAlignment, Mask
 
 # A caught mutant's falsifying case is printed; a big one makes Hypothesis warn about its repr.
 pytestmark = [pytest.mark.cpu, pytest.mark.filterwarnings("ignore:Generating overly large repr")]
@@ -155,6 +157,40 @@ def test_page_sizes_that_every_sequence_fills() -> None:
     assert find(drawn, lambda size: True) == 1  # shrinks to a filling size
     assert find(drawn, lambda size: size == 4) == 4
     assert find(drawn, lambda size: 12 % size != 0) in page_sizes(64)  # the others stay
+
+
+def test_a_hidden_last_page_is_not_preferred() -> None:
+    """Top-left causal with 7 queries over 8 keys: no query sees key 7, so a one-key last
+    page hides the slot a late lookup reads; pages of 2 and 4 keys show it."""
+    q, k, v = (np.zeros((1, n, 1, 16), np.float16) for n in (7, 8, 8))
+    case = AttentionCase(q, k, v, mask=Mask(causal=True, alignment=CausalAlignment.TOP_LEFT))
+    assert filling_page_sizes(case) == [1, 2, 4]
+    assert seen_last_pages(case, [1, 2, 4]) == [2, 4]
+    drawn = st.composite(lambda draw: with_pages(draw, case, tile_n=64).page_size)()
+    assert find(drawn, lambda size: True) == 2  # shrinks to the smallest seen filling size
+
+
+def test_the_free_strategy_fills_page_tables_whose_last_page_is_seen() -> None:
+    """Over 100 derandomized draws of streaming-fa's free strategy with a page table (as the
+    kernel suite draws them), at least half fill every table row to its last slot with a last
+    page some query sees: where a lookup of the last page one entry late changes the output."""
+    spec = StreamingAdapter().spec
+    found = []
+
+    @settings(
+        max_examples=100,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(attention_cases(spec=spec, max_len=_max_len(spec), required_features=["paged"]))
+    def draw(case: AttentionCase) -> None:
+        found.append(case.page_size in seen_last_pages(case, filling_page_sizes(case)))
+
+    draw()
+    assert len(found) == 100 and sum(found) >= 50, sum(found)
 
 
 def test_split_counts_divide_the_blocks_evenly_three_times_in_four() -> None:

@@ -140,8 +140,8 @@ def test_do_distribution_reaches_the_backward_and_leaves_the_forward_alone() -> 
     grad = backward_case(case, config.seed, config.do_distribution)
     assert (np.count_nonzero(grad.do, axis=-1) <= 1).all()  # one nonzero per dO row
     assert np.count_nonzero(backward_case(case, config.seed).do) > grad.do.shape[1]
-    with pytest.raises(ValueError, match=r"config.do_distribution='ones' must be None"):
-        Config("bfloat16", 16, 5, 9, do_distribution="ones")
+    with pytest.raises(ValueError, match=r"config.do_distribution='zeros' must be None"):
+        Config("bfloat16", 16, 5, 9, do_distribution="zeros")
 
 
 def test_a_report_shows_the_input_classes_its_configs_reach(tmp_path) -> None:

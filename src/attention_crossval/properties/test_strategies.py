@@ -22,6 +22,9 @@ from attention_crossval.properties.strategies import (
     attention_shapes,
     head_counts,
     length_class,
+    long_key_backward_cases,
+    long_key_cases,
+    long_key_lengths,
     masks,
     score_distributions,
     tile_aware_lengths,
@@ -244,6 +247,16 @@ def test_coverage_summary_lists_every_axis() -> None:
         (head_counts, {"gqa": True, "max_heads": -1}, "max_heads"),
         (score_distributions, {"names": []}, "names"),
         (masks, {"shape": (1, 2, 3)}, "shape"),
+        (long_key_cases, {"spec": "fa4"}, "spec"),
+        (long_key_cases, {"spec": KernelSpec(name="k", max_seqlen=1000)}, "max_seqlen"),
+        (long_key_cases, {"spec": KernelSpec(name="k"), "max_heads": 0}, "max_heads"),
+        (long_key_lengths, {"tile_n": 0}, "tile_n"),
+        (long_key_backward_cases, {"spec": None}, "spec"),
+        (
+            long_key_backward_cases,
+            {"spec": KernelSpec(name="k"), "do_distributions": ["x"]},
+            "names",
+        ),
     ],
 )
 def test_invalid_options_raise_when_the_strategy_is_built(strategy, kwargs, argument) -> None:

@@ -561,6 +561,8 @@ def _backward_rows() -> list[Config]:
         Config("float16", 64, 64, 129, mask="window", softmax_scale=1.0, do_distribution="large"),
         Config("bfloat16", 64, 100, 300, B=3, mask="varlen-causal", do_distribution="orthogonal"),
         Config("float16", 64, 1, 257, Hq=4, Hkv=2, do_distribution="aligned"),
+        Config("float16", 64, 64, 200, mask="causal", do_distribution="tiny"),
+        Config("bfloat16", 64, 33, 129, Hq=4, Hkv=2, distribution="ramp", do_distribution="ones"),
         Config("float32", 64, 128, 128, mask="causal"),
         Config("float32", 32, 100, 300, B=3, mask="varlen-causal", do_distribution="one_hot"),
         Config("float32", 64, 64, 200, distribution="near_ties", softmax_scale=0.5,

@@ -23,6 +23,9 @@ from attention_crossval.reference.streaming import streaming_attention
 
 # dO magnitude of the ``large`` family, relative to max(1, max |V|): dP = dO . v_j ~ 2^8..2^12.
 _LARGE_LOG2 = (8.0, 12.0)
+# ... and of the ``tiny`` family: dP ~ 2^-20..2^-14, so dS = P (dP - D) lies in fp16's subnormal
+# range (below 2^-14) and a flush to zero or a 16-bit rounding of it there shows.
+_TINY_LOG2 = (-20.0, -14.0)
 
 
 @dataclass(frozen=True)
@@ -76,23 +79,62 @@ def _no_claim(case: BackwardCase) -> Evidence:
     return Evidence(applicable=0)
 
 
-def _large(ctx: GradientContext) -> np.ndarray:
-    # Every element's magnitude in [m, 1.5 m) with m a power of two, m * max|V| in 2^8..2^12.
+def _scaled_magnitudes(ctx: GradientContext, log2_range: tuple[float, float]) -> np.ndarray:
+    # Every element's magnitude in [m, 1.5 m) with m a power of two, m * max(1, |V|) drawn
+    # per (batch, head) from 2^log2_range; random signs.
     c, rng = ctx.case, ctx.rng
-    log2_m = np.round(rng.uniform(*_LARGE_LOG2) - np.log2(_v_scale(c)))  # [B, Hq]
+    log2_m = np.round(rng.uniform(*log2_range) - np.log2(_v_scale(c)))  # [B, Hq]
     magnitude = 2.0 ** log2_m[:, None, :, None] * rng.uniform(1.0, 1.5, (c.B, c.Sq, c.Hq, c.Dv))
     return np.where(rng.random(magnitude.shape) < 0.5, -magnitude, magnitude)
 
 
-def _large_claim(case: BackwardCase) -> Evidence:
+def _large(ctx: GradientContext) -> np.ndarray:
+    return _scaled_magnitudes(ctx, _LARGE_LOG2)
+
+
+def _relative_do(case: BackwardCase) -> tuple[np.ndarray, np.ndarray]:
+    """``(rows [B, Sq], |dO| * max(1, |V|) [B, Sq, Hq, Dv])`` of the rounded backward case."""
     fwd = case.forward
-    rows = _valid_rows(fwd)
-    relative = np.abs(case.do.astype(np.float64)) * _v_scale(fwd)[:, None, :, None]
+    return _valid_rows(fwd), np.abs(case.do.astype(np.float64)) * _v_scale(fwd)[:, None, :, None]
+
+
+def _large_claim(case: BackwardCase) -> Evidence:
+    rows, relative = _relative_do(case)
     small = rows[:, :, None, None] & (relative < 2.0 ** (_LARGE_LOG2[0] - 1))
     if small.any():
         where = tuple(int(i) for i in np.argwhere(small)[0])
         return Evidence(int(rows.sum()), f"large: |dO| * max(1, |V|) < 128 at do{list(where)}")
-    return Evidence(int(rows.sum()) * fwd.Hq)
+    return Evidence(int(rows.sum()) * case.forward.Hq)
+
+
+def _tiny(ctx: GradientContext) -> np.ndarray:
+    return _scaled_magnitudes(ctx, _TINY_LOG2)
+
+
+def _tiny_claim(case: BackwardCase) -> Evidence:
+    # Rounding to fp16 may flush the smallest to 0 (its subnormals end at 2^-24): allowed;
+    # an element above 2^-13 relative to max(1, |V|) is not tiny.
+    rows, relative = _relative_do(case)
+    big = rows[:, :, None, None] & (relative > 2.0 ** (_TINY_LOG2[1] + 1))
+    if big.any():
+        where = tuple(int(i) for i in np.argwhere(big)[0])
+        return Evidence(int(rows.sum()), f"tiny: |dO| * max(1, |V|) > 2^-13 at do{list(where)}")
+    return Evidence(int(rows.sum()) * case.forward.Hq)
+
+
+def _ones(ctx: GradientContext) -> np.ndarray:
+    # Every element +1 or every element -1, one sign per (batch, head).
+    c = ctx.case
+    sign = ctx.rng.choice([-1.0, 1.0], size=(c.B, 1, c.Hq, 1))
+    return np.broadcast_to(sign, (c.B, c.Sq, c.Hq, c.Dv)).copy()
+
+
+def _ones_claim(case: BackwardCase) -> Evidence:
+    rows = _valid_rows(case.forward)
+    do = case.do.astype(np.float64)[rows]  # [valid rows, Hq, Dv]
+    if (np.abs(do) != 1).any() or (do != do[..., :1]).any():
+        return Evidence(int(rows.sum()), "ones: a dO row is not all +1 or all -1")
+    return Evidence(int(do.shape[0]) * case.forward.Hq)
 
 
 def _orthogonal(ctx: GradientContext) -> np.ndarray:
@@ -188,6 +230,20 @@ GRADIENT_DISTRIBUTIONS: dict[str, GradientDistribution] = {
             "|dO| * max|V| ~ 2^8..2^12: a scale applied twice or not at all, fp16 range of dP/dS",
             _large,
             _large_claim,
+        ),
+        GradientDistribution(
+            "tiny",
+            "|dO| * max|V| ~ 2^-20..2^-14: dP and dS in fp16's subnormal range, a flush to zero "
+            "or a scale applied after dS's 16-bit rounding",
+            _tiny,
+            _tiny_claim,
+        ),
+        GradientDistribution(
+            "ones",
+            "every dO element +-1: dP_ij is v_j's coordinate sum and dV's columns repeat, so a "
+            "reduction over the wrong axis or a dO/V column slip adds up instead of averaging",
+            _ones,
+            _ones_claim,
         ),
         GradientDistribution(
             "orthogonal",

@@ -1,7 +1,7 @@
 """Paged-KV layouts for drawn cases: page sizes that do not divide the kernel's tile, partly
 filled last pages, zero-length sequences (from the base strategy's varlen masks), sequences
 that share a prefix, so their full pages are shared in the page table, and (mostly) page sizes
-that every sequence fills to its last slot."""
+that every sequence fills to its last slot, preferring those whose last page a query sees."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from hypothesis import event
 from hypothesis import strategies as st
 
 from attention_crossval.reference.case import AttentionCase
+from attention_crossval.reference.masks import visible_all
 from attention_crossval.reference.paged import PagedKV, page_kv
 
 
@@ -38,12 +39,25 @@ def filling_page_sizes(case: AttentionCase) -> list[int]:
     return [p for p in range(1, common + 1) if common % p == 0 and p < max(lengths)]
 
 
+def seen_last_pages(case: AttentionCase, sizes: list[int]) -> list[int]:
+    """The page sizes of ``sizes`` for which some query sees a key on some sequence's last
+    page: a lookup of that page one entry late changes the output only there (a window, a
+    causal diagonal or an explicit mask may hide every key of a one-key last page)."""
+    seen = visible_all(case).any(axis=(1, 2))  # [B, Sk]: keys some query of the batch sees
+    lengths = [case.k_length(b) for b in range(case.B)]
+    return [
+        p for p in sizes if any(n >= p and seen[b, n - p : n].any() for b, n in enumerate(lengths))
+    ]
+
+
 def with_pages(draw: st.DrawFn, case: AttentionCase, tile_n: int) -> AttentionCase:
-    """``case`` with a drawn ``page_size`` (in its label): three times in four (and shrinking
-    to it) one that every sequence fills (:func:`filling_page_sizes`, where one exists), else
-    one of :func:`page_sizes`; batches 0 and 1 sometimes share their common whole pages."""
+    """``case`` with a drawn ``page_size`` (in its label): seven times in eight (and shrinking
+    to it) one that every sequence fills (:func:`filling_page_sizes`, where one exists; those
+    whose last page a query sees, :func:`seen_last_pages`, where any does), else one of
+    :func:`page_sizes`; batches 0 and 1 sometimes share their common whole pages."""
     filling = filling_page_sizes(case)
-    sizes = filling if filling and draw(st.integers(0, 3)) < 3 else page_sizes(tile_n)
+    preferred = seen_last_pages(case, filling) or filling
+    sizes = preferred if preferred and draw(st.integers(0, 7)) < 7 else page_sizes(tile_n)
     page_size = draw(st.sampled_from(sizes))
     if case.B >= 2 and draw(st.booleans()):
         case = _share_prefix(case, page_size)
