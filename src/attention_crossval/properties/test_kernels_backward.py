@@ -35,6 +35,7 @@ from attention_crossval.properties.kernels_under_test import (
     chosen_kernels,
     kernel_adapter,
     kernel_param,
+    kernel_spec,
 )
 from attention_crossval.properties.phase_timings import timed_cases
 from attention_crossval.properties.replay import reproducer_on_failure
@@ -57,7 +58,19 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         chosen = chosen_kernels(metafunc.config, backward=True)
         if not metafunc.config.getoption("--kernel") and "streaming-fa" not in chosen:
             chosen.insert(0, "streaming-fa")  # the CPU backward runs next to the GPU kernels
-        metafunc.parametrize("kernel", [kernel_param(name, id=name) for name in chosen])
+        params = [
+            kernel_param(name, stream, id=f"{name}-{stream}")
+            for name in chosen
+            for stream in backward_streams(kernel_spec(name))
+        ]
+        metafunc.parametrize(("kernel", "stream"), params)
+
+
+def backward_streams(spec: KernelSpec) -> list[str]:
+    """The names of ``spec``'s backward strategies, one test each: a GPU kernel's backward
+    cases cost seconds each (the exact tier, the bounds), and one test drawing them all was the
+    longest of ``pytest -m gpu``, which separate tests spread over the xdist workers."""
+    return list(backward_strategies(spec)) if spec.backward else ["none"]
 
 
 # Key blocks the longest drawn case spans (plus one key): lengths cluster at the tile edges below
@@ -94,11 +107,14 @@ def backward_strategies(spec: KernelSpec) -> dict[str, st.SearchStrategy[Backwar
 # Hypothesis warns while it writes a long case's repr for its report, and that warning (an error
 # here) would replace the finding the case carries.
 @pytest.mark.filterwarnings("ignore:Generating overly large repr")
-def test_kernel_backward_passes_every_check(kernel: str, request: pytest.FixtureRequest) -> None:
-    """Every generated backward case inside the kernel's declaration passes every check: as many
-    cases as the forward's free test draws (the profile's count, :func:`_settings_for`), split
-    evenly over :func:`backward_strategies` but long keys, which draws one more such share (a
-    tenth of a second a case on a CPU kernel); each seeded from the kernel's seed and its name."""
+def test_kernel_backward_passes_every_check(
+    kernel: str, stream: str, request: pytest.FixtureRequest
+) -> None:
+    """Every generated backward case of the strategy ``stream`` (one of
+    :func:`backward_strategies`) inside the kernel's declaration passes every check: together
+    as many cases as the forward's free test draws (the profile's count, :func:`_settings_for`),
+    split evenly over the strategies but long keys, which draws one more such share (a tenth of
+    a second a case on a CPU kernel); each seeded from the kernel's seed and its name."""
     adapter = kernel_adapter(kernel)
     spec = adapter.spec
     if not spec.backward:
@@ -108,24 +124,21 @@ def test_kernel_backward_passes_every_check(kernel: str, request: pytest.Fixture
     sharing = len(strategies) - ("long_keys" in strategies)
     share = settings(chosen, max_examples=max(1, chosen.max_examples // sharing))
     derived = kernel_seed(request.config, kernel)
-    for name, strategy in strategies.items():
 
-        @share
-        @given(case=timed_cases(strategy))
-        def check(case: BackwardCase) -> None:
-            __tracebackhide__ = True  # pytest would print the case's arrays as its argument
-            verdict = run_backward_with_known(
-                adapter, case, samples=1 if spec.device == "cpu" else 2
-            )
-            stop_on_fault(kernel, verdict)  # a crash or hang: reported as drawn, not shrunk
-            assume(verdict.skipped is None)  # declined at run time (e.g. an SDPA backend's refusal)
-            xfail_if_known(verdict, spec, case.forward, backward=True)  # in Hypothesis: rejected
-            with reproducer_on_failure(case, kernel=kernel):  # the compact summary, a few saved
-                verdict.raise_for()
+    @share
+    @given(case=timed_cases(strategies[stream]))
+    def check(case: BackwardCase) -> None:
+        __tracebackhide__ = True  # pytest would print the case's arrays as its argument
+        verdict = run_backward_with_known(adapter, case, samples=1 if spec.device == "cpu" else 2)
+        stop_on_fault(kernel, verdict)  # a crash or hang: reported as drawn, not shrunk
+        assume(verdict.skipped is None)  # declined at run time (e.g. an SDPA backend's refusal)
+        xfail_if_known(verdict, spec, case.forward, backward=True)  # in Hypothesis: rejected
+        with reproducer_on_failure(case, kernel=kernel):  # the compact summary, a few saved
+            verdict.raise_for()
 
-        # Each strategy its own seed: one seed would draw the same shapes in every dtype.
-        run = check if derived is None else seed(derived_seed(derived, name))(check)
-        run_failing_fast(kernel, request.config, run)
+    # Each strategy its own seed: one seed would draw the same shapes in every dtype.
+    run = check if derived is None else seed(derived_seed(derived, stream))(check)
+    run_failing_fast(kernel, request.config, run)
 
 
 @pytest.mark.cpu
