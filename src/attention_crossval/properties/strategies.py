@@ -32,6 +32,7 @@ from attention_crossval.properties._strategies.features import (
     long_decode_options,
     spec_features,
 )
+from attention_crossval.properties._strategies.fp8 import creeping_max, descale_kinds, quantize
 from attention_crossval.properties._strategies.gradients import (
     GRADIENT_DISTRIBUTIONS,
     GradientDistribution,
@@ -66,7 +67,8 @@ from attention_crossval.properties._strategies.varlen import (
     varlen_batches,
 )
 from attention_crossval.reference.case import (
-    INPUT_DTYPES,
+    FP8_DTYPES,
+    WIDE_DTYPES,
     AttentionCase,
     CausalAlignment,
     default_softmax_scale,
@@ -78,7 +80,7 @@ from attention_crossval.reference.precision import cast_input
 # runs see many blocks per row (tile_m != tile_n catches the two being swapped).
 REFERENCE_SPEC = KernelSpec(
     name="reference",
-    dtypes=frozenset(INPUT_DTYPES),
+    dtypes=frozenset(WIDE_DTYPES),
     head_dims=frozenset({1, 2, 4, 8, 16}),
     head_dims_v=frozenset({1, 2, 4, 8, 16}),
     mask_kinds=MASK_KINDS,
@@ -140,9 +142,40 @@ def _regular_case(
         tile_n=spec.tile_n,
         noise=noise,
     )
+    if dtype in FP8_DTYPES:
+        return _fp8_case(draw, spec, ctx, dist.name, softmax_scale)
     with np.errstate(all="ignore"):  # rounding huge/non-finite padding to 16 bits is intended
         q, k, v = (cast_input(a, dtype) for a in dist.build(ctx))
     return AttentionCase(q, k, v, softmax_scale, mask, label=f"dist={dist.name} dtype={dtype}")
+
+
+def _fp8_case(
+    draw: st.DrawFn, spec: KernelSpec, ctx: BuildContext, dist: str, scale: float | None
+) -> AttentionCase:
+    """An FP8 case (``properties._strategies.fp8``): ``dist`` built as bf16 values, the
+    ``ramp`` as FP8's creeping ramp, quantized with drawn descales (if the kernel takes
+    them)."""
+    if dist == "ramp":  # the rescale-forcing family: for FP8, a row max creeping under 4
+        arrays = creeping_max(ctx.rng, ctx.shape, ctx.softmax_scale, spec.tile_n)
+    else:
+        arrays = DISTRIBUTIONS[dist].build(dataclasses.replace(ctx, dtype="bfloat16"))
+    kinds = [draw(descale_kinds(spec.descales)) for _ in "qkv"]
+    with np.errstate(all="ignore"):  # padding may be huge or non-finite
+        pairs = zip(arrays, kinds, strict=True)
+        (q, qd), (k, kd), (v, vd) = (
+            quantize(a, ctx.dtype, kind, ctx.shape.Hkv) for a, kind in pairs
+        )
+    return AttentionCase(
+        q,
+        k,
+        v,
+        scale,
+        ctx.mask,
+        label=f"dist={dist} dtype={ctx.dtype} descales={'/'.join(kinds)}",
+        q_descale=qd,
+        k_descale=kd,
+        v_descale=vd,
+    )
 
 
 @st.composite

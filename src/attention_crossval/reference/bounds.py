@@ -349,8 +349,9 @@ def _fp8_lse_error(case: AttentionCase, chain: _Chain, scaled_max, lse) -> np.nd
     if case.descaled:
         out = out + _scale_error(chain) * (np.abs(scaled_max) + chain.tau * LN_2)
     if chain.offset:
-        out = out + chain.eps * chain.offset * LN_2
-        out = out + chain.u_s * (4 * chain.offset * LN_2 + 2 * np.abs(lse))
+        offset = abs(chain.offset)
+        out = out + chain.eps * offset * LN_2
+        out = out + chain.u_s * (4 * offset * LN_2 + 2 * np.abs(lse))
     return out
 
 
@@ -521,7 +522,7 @@ def _weights(
     if case.descaled:  # c's two more roundings act on c (s_j - m_stale), |.| <= |t_j| + tau
         arg += (LN_2 * _scale_error(chain) * c) * (m - s) + LN_2 * _scale_error(chain) * chain.tau
     if chain.offset:  # fl(offset - fl(m c)): one more rounding of the exp2 argument's constant
-        arg += LN_2 * chain.u_s * (chain.offset + cm)
+        arg += LN_2 * chain.u_s * (abs(chain.offset) + cm)
     per_rescale = chain.eps + chain.u_acc + 3 * LN_2 * chain.u_s * cm
     rescales = _rescales(seen, block_n, kv_order)
     arg += rescales * per_rescale

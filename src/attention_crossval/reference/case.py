@@ -513,6 +513,15 @@ class AttentionCase:
         value = getattr(self, f"{name}_descale")
         return 1.0 if value is None else float(value[b, kv_head])
 
+    def unit_descales(self, b: int, kv_head: int) -> dict[str, np.ndarray | None]:
+        """The descales of batch ``b`` and ``kv_head`` as ``[1, 1]`` arrays (None stays None),
+        keyword arguments for a case of that batch and kv head alone."""
+        return {
+            name: None if value is None else value[b : b + 1, kv_head : kv_head + 1].copy()
+            for name in DESCALES
+            for value in (getattr(self, name),)
+        }
+
     @property
     def call_options(self) -> frozenset[str]:
         """The call options in use: a subset of {paged, splits, packed}."""

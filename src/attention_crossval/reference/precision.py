@@ -59,8 +59,11 @@ def cast_input(x: np.ndarray, dtype: str) -> np.ndarray:
     """``x`` as an array of the input dtype ``dtype`` (``reference.case.INPUT_DTYPES``),
     rounded once to nearest even. float64 -> bfloat16 goes through :func:`round_to`: ml_dtypes
     before 0.7 rounded through float32 (twice), 0.7 rounds directly, so a plain ``astype`` made
-    a recipe's inputs depend on the installed version (one value in 76,800 of a ramp recipe)."""
+    a recipe's inputs depend on the installed version (one value in 76,800 of a ramp recipe).
+    FP8 formats saturate (:func:`round_to`)."""
     x = np.asarray(x)
+    if dtype in FP8_DTYPES:  # satfinite, as quantizers convert (e4m3fn has no inf)
+        return round_to(x, dtype).astype(INPUT_DTYPES[dtype])
     if dtype == "bfloat16" and x.dtype == np.float64:
         x = round_to(x, "bfloat16")  # bf16 values: the cast below is exact
     with np.errstate(over="ignore"):  # beyond the range is +-inf, as round_to gives
@@ -132,13 +135,14 @@ class StreamingPrecision:
         self._check_offset()
 
     def _check_offset(self) -> None:
-        """``max_offset_log2``: a finite float in [0, 64): P scaled by ``2^64`` and more leaves
-        every FP8 range, and the float32 stages keep it exact only well inside theirs."""
+        """``max_offset_log2``: a finite float in (-64, 64): P scaled by ``2^+-64`` and more
+        leaves every FP8 range, and the float32 stages keep it exact only well inside theirs
+        (a negative offset scales P down, as a kernel folding a descale below 1 into P does)."""
         offset = self.max_offset_log2
-        rule = "must be a finite float in [0, 64) (log2 units)"
+        rule = "must be a finite float in (-64, 64) (log2 units)"
         if isinstance(offset, bool) or not isinstance(offset, (int, float, np.floating)):
             raise ValueError(f"max_offset_log2={reprlib.repr(offset)} {rule}")
-        if not 0 <= float(offset) < 64:
+        if not -64 < float(offset) < 64:
             raise ValueError(f"max_offset_log2={reprlib.repr(offset)} {rule}")
         object.__setattr__(self, "max_offset_log2", float(offset))
 
