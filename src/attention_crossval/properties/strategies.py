@@ -32,7 +32,11 @@ from attention_crossval.properties._strategies.features import (
     long_decode_options,
     spec_features,
 )
-from attention_crossval.properties._strategies.fp8 import creeping_max, descale_kinds, quantize
+from attention_crossval.properties._strategies.fp8 import (
+    descale_kinds,
+    fp8_arrays,
+    quantized_inputs,
+)
 from attention_crossval.properties._strategies.gradients import (
     GRADIENT_DISTRIBUTIONS,
     GradientDistribution,
@@ -152,30 +156,13 @@ def _regular_case(
 def _fp8_case(
     draw: st.DrawFn, spec: KernelSpec, ctx: BuildContext, dist: str, scale: float | None
 ) -> AttentionCase:
-    """An FP8 case (``properties._strategies.fp8``): ``dist`` built as bf16 values, the
-    ``ramp`` as FP8's creeping ramp, quantized with drawn descales (if the kernel takes
-    them)."""
-    if dist == "ramp":  # the rescale-forcing family: for FP8, a row max creeping under 4
-        arrays = creeping_max(ctx.rng, ctx.shape, ctx.softmax_scale, spec.tile_n)
-    else:
-        arrays = DISTRIBUTIONS[dist].build(dataclasses.replace(ctx, dtype="bfloat16"))
-    kinds = [draw(descale_kinds(spec.descales)) for _ in "qkv"]
-    with np.errstate(all="ignore"):  # padding may be huge or non-finite
-        pairs = zip(arrays, kinds, strict=True)
-        (q, qd), (k, kd), (v, vd) = (
-            quantize(a, ctx.dtype, kind, ctx.shape.Hkv) for a, kind in pairs
-        )
-    return AttentionCase(
-        q,
-        k,
-        v,
-        scale,
-        ctx.mask,
-        label=f"dist={dist} dtype={ctx.dtype} descales={'/'.join(kinds)}",
-        q_descale=qd,
-        k_descale=kd,
-        v_descale=vd,
-    )
+    """An FP8 case (``properties._strategies.fp8``): ``dist``'s inputs for FP8 (the ramp as
+    the creeping ramp), quantized with drawn descales (if the kernel takes them)."""
+    kinds = tuple(draw(descale_kinds(spec.descales)) for _ in "qkv")
+    arrays = fp8_arrays(dist, ctx)
+    fields = quantized_inputs(arrays, ctx.dtype, kinds, ctx.shape.Hkv)
+    label = f"dist={dist} dtype={ctx.dtype} descales={'/'.join(kinds)}"
+    return AttentionCase(softmax_scale=scale, mask=ctx.mask, label=label, **fields)
 
 
 @st.composite

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from attention_crossval.kernel.spec import KernelSpec
-from attention_crossval.reference.case import AttentionCase, AttentionResult, Mask
+from attention_crossval.reference.case import AttentionCase, AttentionResult
+from attention_crossval.reference.parallel import unit_case
 from attention_crossval.reference.precision import StreamingPrecision, round_to
 from attention_crossval.reference.streaming import streaming_attention
 
@@ -43,8 +44,8 @@ def _spec(name: str) -> KernelSpec:
     return KernelSpec(
         name=name,
         dtypes=frozenset(FIXED),
-        head_dims=frozenset({8, 16, 32}),
-        mask_kinds=frozenset({"causal"}),
+        head_dims=frozenset({8, 16, 32, 64, 128}),
+        mask_kinds=frozenset({"causal", "window", "varlen", "explicit"}),
         gqa=True,
         tile_m=TILE,
         tile_n=TILE,
@@ -79,31 +80,22 @@ class Fp8Adapter:
 def _v_descale_in_p(case: AttentionCase, chain: StreamingPrecision) -> AttentionResult:
     """Per (batch, kv head): P scaled by ``2^offset v_descale`` before its FP8 conversion (an
     offset of ``offset + log2 v_descale``, so the row sum carries the factor too), then O
-    multiplied by ``v_descale`` to undo it there: O = fp8(P 2^offset vd) V / (l 2^offset).
-    Causal masks only (the spec's), so a (batch, head group) slice is a case of its own."""
+    multiplied by ``v_descale`` to undo it there: O = fp8(P 2^offset vd) V / (l 2^offset)."""
     o = np.zeros((case.B, case.Sq, case.Hq, case.Dv))
     lse = np.zeros((case.B, case.Hq, case.Sq))
     group = case.group_size
     for b in range(case.B):
         for kvh in range(case.Hkv):
-            heads = slice(kvh * group, (kvh + 1) * group)
+            heads = tuple(range(kvh * group, (kvh + 1) * group))
+            sub = dataclasses.replace(unit_case(case, b, heads), v_descale=None)
             vd = case.descale("v", b, kvh)
             offset = chain.max_offset_log2 + float(np.log2(vd))
-            sub = AttentionCase(
-                case.q[b : b + 1, :, heads],
-                case.k[b : b + 1, :, kvh : kvh + 1],
-                case.v[b : b + 1, :, kvh : kvh + 1],
-                case.softmax_scale,
-                Mask(causal=case.mask.causal, alignment=case.mask.alignment),
-                **{**case.unit_descales(b, kvh), "v_descale": None},
-                output_dtype=case.output_dtype,
-            )
             folded = dataclasses.replace(chain, max_offset_log2=offset, output_dtype=None)
             part = streaming_attention(sub, folded, block_m=TILE, block_n=TILE)
-            scaled = part.o[0] * np.float32(vd)  # in the fp32 accumulator
+            scaled = (part.o[0] * np.float32(vd)).astype(np.float32)  # the fp32 accumulator
             out = chain.output_dtype
-            o[b, :, heads] = scaled if out is None else round_to(scaled.astype(np.float32), out)
-            lse[b, heads] = part.lse[0]  # the tier took the folded offset out of the row sum
+            o[b, :, heads[0] : heads[-1] + 1] = scaled if out is None else round_to(scaled, out)
+            lse[b, heads[0] : heads[-1] + 1] = part.lse[0]  # the folded offset is taken out
     return AttentionResult(o=o, lse=lse)
 
 

@@ -12,20 +12,23 @@ means attention of ``fp8 value * descale``. Descales are per (batch, kv head), f
 * ``clipping``: ``2^-4`` times ``amax``'s: the largest values saturate at the FP8 maximum
   (adversarial: the case is the clipped values, as a real overflow would leave them).
 
-``creeping_max`` (what the strategies build for FP8 inputs in place of the ``ramp``) builds logits with std about 1 on top of a ramp whose row max rises by 1 to
-just under 4 log2 units per K block over many blocks: a lazy rescale with threshold 4 keeps
-skipping, so P scaled by ``2^max_offset`` climbs towards ``2^(max_offset + 4)``, which FA4's
-constants (8 and 4, e4m3) clamp at 448. ``properties/test_fp8.py`` proves it with the streaming
-trace's counts of skipped rescales and clamped P.
+``creeping_max`` (built for FP8 inputs in place of the ``ramp``, :func:`fp8_arrays`) makes
+logits with std about 1 on top of a ramp whose row max rises by 1 to just under 4 log2 units
+per K block over many blocks: a lazy rescale with threshold 4 keeps skipping, so P scaled by
+``2^max_offset`` climbs towards ``2^(max_offset + 4)``, which FA4's constants (8 and 4, e4m3)
+clamp at 448. ``properties/test_fp8.py`` proves it with the streaming trace's counts of skipped
+rescales and clamped P.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 from hypothesis import strategies as st
 
+from attention_crossval.properties._strategies.scores import DISTRIBUTIONS, BuildContext
 from attention_crossval.properties._strategies.shapes import Shape
 from attention_crossval.reference.case import FP8_DTYPES, INPUT_DTYPES
 from attention_crossval.reference.precision import fp8_max, round_to
@@ -66,6 +69,26 @@ def quantize(
     descale = np.clip(descale, 2.0**-126, 2.0**127).astype(np.float32)
     per_head = np.repeat(descale.astype(np.float64), group, axis=1)[:, None, :, None]
     return round_to(x / per_head, dtype).astype(cast), descale
+
+
+def fp8_arrays(dist: str, ctx: BuildContext) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """float64 q, k, v of distribution ``dist`` for FP8 inputs: the ``ramp`` as
+    :func:`creeping_max`, any other built as for bf16 inputs (its patterns then quantized)."""
+    if dist == "ramp":  # the rescale-forcing family: for FP8, a row max creeping under 4
+        return creeping_max(ctx.rng, ctx.shape, ctx.softmax_scale, ctx.tile_n)
+    return DISTRIBUTIONS[dist].build(dataclasses.replace(ctx, dtype="bfloat16"))
+
+
+def quantized_inputs(
+    arrays: tuple[np.ndarray, ...], dtype: str, kinds: tuple[str, ...], Hkv: int
+) -> dict[str, np.ndarray | None]:
+    """``q``, ``k``, ``v`` and their descales (``AttentionCase`` keywords): each of
+    ``arrays`` quantized by :func:`quantize` with its kind of ``kinds``."""
+    fields = {}
+    with np.errstate(all="ignore"):  # padding may be huge or non-finite
+        for name, x, kind in zip("qkv", arrays, kinds, strict=True):
+            fields[name], fields[f"{name}_descale"] = quantize(x, dtype, kind, Hkv)
+    return fields
 
 
 def creeping_max(rng: np.random.Generator, shape: Shape, scale: float, block_n: int):
