@@ -32,11 +32,7 @@ from attention_crossval.properties._strategies.features import (
     long_decode_options,
     spec_features,
 )
-from attention_crossval.properties._strategies.fp8 import (
-    descale_kinds,
-    fp8_arrays,
-    quantized_inputs,
-)
+from attention_crossval.properties._strategies.fp8 import drawn_inputs
 from attention_crossval.properties._strategies.gradients import (
     GRADIENT_DISTRIBUTIONS,
     GradientDistribution,
@@ -71,14 +67,12 @@ from attention_crossval.properties._strategies.varlen import (
     varlen_batches,
 )
 from attention_crossval.reference.case import (
-    FP8_DTYPES,
     WIDE_DTYPES,
     AttentionCase,
     CausalAlignment,
     default_softmax_scale,
 )
 from attention_crossval.reference.gradients import BackwardCase
-from attention_crossval.reference.precision import cast_input
 
 # The reference tiers as a "kernel": every dtype and mask, small head dims and tiles so CPU
 # runs see many blocks per row (tile_m != tile_n catches the two being swapped).
@@ -146,23 +140,9 @@ def _regular_case(
         tile_n=spec.tile_n,
         noise=noise,
     )
-    if dtype in FP8_DTYPES:
-        return _fp8_case(draw, spec, ctx, dist.name, softmax_scale)
-    with np.errstate(all="ignore"):  # rounding huge/non-finite padding to 16 bits is intended
-        q, k, v = (cast_input(a, dtype) for a in dist.build(ctx))
-    return AttentionCase(q, k, v, softmax_scale, mask, label=f"dist={dist.name} dtype={dtype}")
-
-
-def _fp8_case(
-    draw: st.DrawFn, spec: KernelSpec, ctx: BuildContext, dist: str, scale: float | None
-) -> AttentionCase:
-    """An FP8 case (``properties._strategies.fp8``): ``dist``'s inputs for FP8 (the ramp as
-    the creeping ramp), quantized with drawn descales (if the kernel takes them)."""
-    kinds = tuple(draw(descale_kinds(spec.descales)) for _ in "qkv")
-    arrays = fp8_arrays(dist, ctx)
-    fields = quantized_inputs(arrays, ctx.dtype, kinds, ctx.shape.Hkv)
-    label = f"dist={dist} dtype={ctx.dtype} descales={'/'.join(kinds)}"
-    return AttentionCase(softmax_scale=scale, mask=ctx.mask, label=label, **fields)
+    inputs, descales = drawn_inputs(draw, dist.name, ctx, spec.descales)
+    label = f"dist={dist.name} dtype={dtype}{descales}"
+    return AttentionCase(softmax_scale=softmax_scale, mask=mask, label=label, **inputs)
 
 
 @st.composite

@@ -25,6 +25,7 @@ from attention_crossval.reference.compare import assert_within_bound
 from attention_crossval.reference.exact import exact_attention, naive_exact_attention
 from attention_crossval.reference.precision import StreamingPrecision, round_to
 from attention_crossval.reference.streaming import RescaleTrace, streaming_attention
+from attention_crossval.report.configs import Config, preset
 
 pytestmark = pytest.mark.cpu
 
@@ -238,3 +239,16 @@ def test_fp8_mutant_is_caught_on_its_trigger_and_the_fixed_kernel_passes(mistake
     caught = reference_findings(case, broken(case), broken.spec, hint=False)
     assert any(f.check in ("bound", "lse") for f in caught), mistake
     assert reference_findings(case, fixed(case), fixed.spec, hint=False) == []
+
+
+def test_report_config_builds_fp8_cases_and_refuses_fp8_fields_elsewhere():
+    config = Config("float8_e4m3fn", 16, 8, 40, Hq=2, distribution="ramp", descales="amax")
+    case = config.build()
+    assert case.dtype == "float8_e4m3fn" and case.k_descale is not None
+    assert config.fields()["descales"] == "amax" and "output_dtype" not in config.fields()
+    assert "descales" not in Config("bfloat16", 16, 8, 40).fields()  # old digests unchanged
+    with pytest.raises(ValueError, match="config.descales='amax' is allowed only with FP8"):
+        Config("bfloat16", 16, 8, 40, descales="amax")
+    with pytest.raises(ValueError, match="config.output_dtype='float8_e5m2' must be None or"):
+        Config("float8_e5m2", 16, 8, 40, output_dtype="float8_e5m2")
+    assert {c.dtype for c in preset("fp8")} == set(FP8_DTYPES)

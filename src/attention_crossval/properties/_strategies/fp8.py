@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 from attention_crossval.properties._strategies.scores import DISTRIBUTIONS, BuildContext
 from attention_crossval.properties._strategies.shapes import Shape
 from attention_crossval.reference.case import FP8_DTYPES, INPUT_DTYPES
-from attention_crossval.reference.precision import fp8_max, round_to
+from attention_crossval.reference.precision import cast_input, fp8_max, round_to
 
 DESCALE_KINDS = ("none", "amax", "amax_pow2", "squeezed", "clipping")
 # Descale factor relative to amax / fp8 max, per kind (amax_pow2 rounds the result up to 2^k).
@@ -89,6 +89,21 @@ def quantized_inputs(
         for name, x, kind in zip("qkv", arrays, kinds, strict=True):
             fields[name], fields[f"{name}_descale"] = quantize(x, dtype, kind, Hkv)
     return fields
+
+
+def drawn_inputs(
+    draw: st.DrawFn, dist: str, ctx: BuildContext, descales: bool
+) -> tuple[dict[str, np.ndarray | None], str]:
+    """``AttentionCase`` keywords for distribution ``dist`` in ``ctx.dtype``, and a label part:
+    16/32-bit inputs built and rounded as always (no draw, label ""); FP8 inputs from
+    :func:`fp8_arrays`, quantized with a drawn kind each (``descales``: the kernel takes them)."""
+    if ctx.dtype not in FP8_DTYPES:
+        with np.errstate(all="ignore"):  # rounding huge/non-finite padding to 16 bits is intended
+            built = DISTRIBUTIONS[dist].build(ctx)
+            return {n: cast_input(a, ctx.dtype) for n, a in zip("qkv", built, strict=True)}, ""
+    kinds = tuple(draw(descale_kinds(descales)) for _ in "qkv")
+    fields = quantized_inputs(fp8_arrays(dist, ctx), ctx.dtype, kinds, ctx.shape.Hkv)
+    return fields, f" descales={'/'.join(kinds)}"
 
 
 def creeping_max(rng: np.random.Generator, shape: Shape, scale: float, block_n: int):
