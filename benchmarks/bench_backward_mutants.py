@@ -27,9 +27,10 @@ MUTANTS = ("correct", "atomic_dq", "dq_16bit_accumulator", "ds_bf16", "dk_defaul
 _CHECK = re.compile(r"CheckFailed: ([a-z-]+):")
 
 
-def run_suite(kernel: str, seed: int) -> tuple[bool, str, float]:
-    """One CI-profile run of the backward kernel test on ``kernel``: (failed, the failing check
-    or the last output line, seconds)."""
+def run_suite(kernel: str, seed: int, test: str = TEST) -> tuple[bool, str, float]:
+    """One CI-profile run of ``test`` (default: the backward kernel test) on ``kernel`` (a
+    mutant name of ``FAULTS``, or a dotted path): (failed, the failing check or the last output
+    line, seconds)."""
     env = {
         **os.environ,
         "HYPOTHESIS_PROFILE": "ci",
@@ -38,7 +39,7 @@ def run_suite(kernel: str, seed: int) -> tuple[bool, str, float]:
         "OPENBLAS_NUM_THREADS": "1",
     }
     command = [sys.executable, "-m", "pytest", "-m", "cpu", "-q", "-p", "no:cacheprovider"]
-    command += [TEST, "--kernel", f"{FAULTS}:{kernel}"]
+    command += [test, "--kernel", kernel if ":" in kernel else f"{FAULTS}:{kernel}"]
     start = time.perf_counter()
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
     seconds = time.perf_counter() - start

@@ -11,9 +11,13 @@ repeat), without the example database. Prints two Markdown tables for docs/mutan
    caught with only that strategy (no shrinking; ``-`` = survived max_examples);
 4. the backward mutants (``properties/mutants_backward.py``) x every backward property
    (``properties/backward_properties.py``): generated examples until caught, no shrinking,
-   the unmutated tier as the control row, and the mutation score.
+   the unmutated tier as the control row, and the mutation score;
+5. (``--part fp8``) the CPU FP8 kernels (``kernel/broken/cpu_fp8.py``) under the default
+   kernel suite (``pytest -m cpu properties/test_kernels.py --kernel ...``), ci profile, one
+   pytest process per run seed of ``--seeds``: the seeds it failed on (``fp8_fixed`` the
+   control row), the checks named, seconds.
 
-``--part forward|backward|both`` picks the tables (default: both).
+``--part forward|backward|both|fp8`` picks the tables (default: both, without fp8).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from attention_crossval.properties.mutants_backward import (  # noqa: E402
 from attention_crossval.properties.strategies import DISTRIBUTIONS, REFERENCE_SPEC, attention_cases  # noqa: E402
 from attention_crossval.reference import streaming as reference_streaming  # noqa: E402
 from attention_crossval.reference import streaming_backward as reference_backward  # noqa: E402
+from benchmarks.bench_backward_mutants import run_suite  # noqa: E402
 
 NO_SHRINK = (Phase.explicit, Phase.reuse, Phase.generate, Phase.target)
 
@@ -142,11 +147,40 @@ def backward_table(profile: settings) -> list[str]:
     return rows
 
 
+FP8_KERNELS = ("fp8_fixed", "fa4_saturation", "forgets_k_descale", "v_descale_in_p")
+
+
+def fp8_table(seeds: int) -> list[str]:
+    """The CPU FP8 kernels under the default kernel suite (every test of
+    ``properties/test_kernels.py``), one ci-profile pytest process per run seed
+    (``bench_backward_mutants.run_suite``): the seeds it failed on, the checks named."""
+    rows = [
+        "| kernel | failed on seeds | checks named | seconds (all seeds) |",
+        "|---|---|---|---|",
+    ]
+    for name in FP8_KERNELS:
+        failed, checks, total = [], set(), 0.0
+        for seed in range(seeds):
+            kernel = f"attention_crossval.kernel.broken.cpu_fp8:{name}"
+            fails, check, seconds = run_suite(kernel, seed, "properties/test_kernels.py")
+            print(f"{name} seed {seed}: {check if fails else 'passed'}", file=sys.stderr)
+            total += seconds
+            if fails:
+                failed.append(seed)
+                checks.add(check)
+        shown = " ".join(map(str, failed)) or "-"
+        named = ", ".join(sorted(checks)) or "-"
+        rows.append(f"| {name} | {len(failed)}/{seeds}: {shown} | {named} | {total:.0f} |")
+        print(rows[-1], file=sys.stderr, flush=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_mutants")
     parser.add_argument("--profile", default="ci", help="Hypothesis profile (default: ci)")
     parser.add_argument("--skip-matrix", action="store_true", help="only the overall table")
-    parser.add_argument("--part", choices=("forward", "backward", "both"), default="both")
+    parser.add_argument("--part", choices=("forward", "backward", "both", "fp8"), default="both")
+    parser.add_argument("--seeds", type=int, default=10, help="--part fp8: seeds per kernel")
     args = parser.parse_args(argv)
     profile = settings.get_profile(args.profile)
     print(
@@ -155,6 +189,12 @@ def main(argv: list[str] | None = None) -> int:
         f"(max_examples={profile.max_examples}, derandomized), "
         f"tiles {REFERENCE_SPEC.tile_m}x{REFERENCE_SPEC.tile_n}\n"
     )
+    if args.part == "fp8":
+        print(
+            f"FP8 kernels under the default kernel suite, ci profile, seeds 0..{args.seeds - 1}:\n"
+        )
+        print("\n".join(fp8_table(args.seeds)))
+        return 0
     if args.part in ("backward", "both"):
         print("Backward: examples until caught per property (no shrinking):\n")
         print("\n".join(backward_table(profile)) + "\n")

@@ -434,7 +434,7 @@ def reference_findings(
     refs = (references or case_references(case, spec, exact_rows)).focus(result)
     reports = {tier: refs.compare(result, tier, spec) for tier in ("float64", "exact")}
     reports = {tier: report for tier, report in reports.items() if report is not None}
-    findings = []
+    findings = _saturation_findings(case, spec)
     if any(r.mismatched for r in reports.values()):
         findings.append(Finding("bound", _triage(refs, spec, result, reports)))
     if any(r.lse_mismatched for r in reports.values()):
@@ -453,6 +453,28 @@ def reference_findings(
         if line is not None:
             findings = [Finding(f.check, f"{f.message}\n  hint: {line}") for f in findings]
     return findings
+
+
+def _saturation_findings(case: AttentionCase, spec: KernelSpec) -> list[Finding]:
+    """A ``bound`` finding where the declared chain's FP8 P can clamp (docs/fp8.md): the O
+    bound is undefined (inf) on those rows, so a pass there would prove nothing."""
+    from attention_crossval.reference.bounds import saturating_rows
+
+    precision = spec.precision_for(case.dtype)
+    if not precision.can_saturate:
+        return []
+    rows = saturating_rows(case, precision, block_n=spec.block_n_for(case))
+    if not rows.any():
+        return []
+    top = precision.max_offset_log2 + precision.rescale_threshold_log2
+    return [
+        Finding(
+            "bound",
+            f"the declared chain can saturate: max_offset_log2 + rescale_threshold_log2 = "
+            f"{top:g} > log2 of the {precision.p_dtype} maximum, so P may clamp and the O bound "
+            f"is undefined on {int(rows.sum())} rows (declare constants within the range)",
+        )
+    ]
 
 
 def _triage(

@@ -77,6 +77,8 @@ class KernelSpec:
       cases are never generated for it). ``tanh_error_ulp``: its tanh's relative error in ulps
       of the score dtype, for the softcap bound (2: an accurate tanh; ``tanh.approx.f32``:
       4096, that is 2^-11 / 2^-23).
+    * ``descales``: it takes ``case.q_descale`` / ``k_descale`` / ``v_descale`` with FP8 inputs
+      (default off, so descaled cases are never generated for it; docs/fp8.md).
     * Call options (``case.page_size``, ``case.num_splits``, ``case.layout``): ``paged`` (it
       reads K/V through a page table), ``max_splits`` (most split-KV splits; 1 = none),
       ``layouts`` (a subset of {padded, packed}).
@@ -115,6 +117,7 @@ class KernelSpec:
     backward_head_dims: frozenset[int] | None = None
     softcap: bool = False
     sink: bool = False
+    descales: bool = False
     tanh_error_ulp: float = 2.0
     paged: bool = False
     max_splits: int = 1
@@ -141,7 +144,8 @@ class KernelSpec:
             if not isinstance(getattr(self, name), str):
                 raise ValueError(f"spec.{name}={getattr(self, name)!r} must be a str")
         for name in (
-            "gqa", "returns_lse", "deterministic", "softcap", "sink", "paged", "validates_lengths"
+            "gqa", "returns_lse", "deterministic", "softcap", "sink", "paged", "validates_lengths",
+            "descales",
         ):  # fmt: skip
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise ValueError(f"spec.{name}={getattr(self, name)!r} must be a bool")
@@ -355,6 +359,11 @@ class KernelSpec:
         """Why ``case`` is outside this declaration, or None if the kernel must handle it."""
         if case.dtype not in self.dtypes:
             return f"dtype {case.dtype} not in {sorted(self.dtypes)}"
+        if case.descaled and not self.descales:
+            return "q/k/v descales not declared (spec.descales)"
+        chain_out = self.precision_for(case.dtype).output_dtype
+        if case.output_dtype is not None and chain_out not in (None, case.output_dtype):
+            return f"output_dtype {case.output_dtype} is not the chain's {chain_out}"
         if case.D not in self.head_dims:
             return f"head dim D={case.D} not in {sorted(self.head_dims)}"
         dims_v = self.head_dims_v if self.head_dims_v is not None else {case.D}

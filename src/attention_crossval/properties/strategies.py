@@ -32,6 +32,7 @@ from attention_crossval.properties._strategies.features import (
     long_decode_options,
     spec_features,
 )
+from attention_crossval.properties._strategies.fp8 import drawn_inputs
 from attention_crossval.properties._strategies.gradients import (
     GRADIENT_DISTRIBUTIONS,
     GradientDistribution,
@@ -71,19 +72,18 @@ from attention_crossval.properties._strategies.varlen import (
     varlen_batches,
 )
 from attention_crossval.reference.case import (
-    INPUT_DTYPES,
+    WIDE_DTYPES,
     AttentionCase,
     CausalAlignment,
     default_softmax_scale,
 )
 from attention_crossval.reference.gradients import BackwardCase
-from attention_crossval.reference.precision import cast_input
 
 # The reference tiers as a "kernel": every dtype and mask, small head dims and tiles so CPU
 # runs see many blocks per row (tile_m != tile_n catches the two being swapped).
 REFERENCE_SPEC = KernelSpec(
     name="reference",
-    dtypes=frozenset(INPUT_DTYPES),
+    dtypes=frozenset(WIDE_DTYPES),
     head_dims=frozenset({1, 2, 4, 8, 16}),
     head_dims_v=frozenset({1, 2, 4, 8, 16}),
     mask_kinds=MASK_KINDS,
@@ -145,9 +145,9 @@ def _regular_case(
         tile_n=spec.tile_n,
         noise=noise,
     )
-    with np.errstate(all="ignore"):  # rounding huge/non-finite padding to 16 bits is intended
-        q, k, v = (cast_input(a, dtype) for a in dist.build(ctx))
-    return AttentionCase(q, k, v, softmax_scale, mask, label=f"dist={dist.name} dtype={dtype}")
+    inputs, descales = drawn_inputs(draw, dist.name, ctx, spec.descales)
+    label = f"dist={dist.name} dtype={dtype}{descales}"
+    return AttentionCase(softmax_scale=softmax_scale, mask=mask, label=label, **inputs)
 
 
 @st.composite

@@ -18,7 +18,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from attention_crossval.properties.strategies import attention_cases
-from attention_crossval.reference.case import INPUT_DTYPES, AttentionCase, CausalAlignment, Mask
+from attention_crossval.reference.case import (
+    INPUT_DTYPES,
+    WIDE_DTYPES,
+    AttentionCase,
+    CausalAlignment,
+    Mask,
+)
 from attention_crossval.reference.masks import visible_all
 from attention_crossval.reference.precision import StreamingPrecision
 from attention_crossval.reference.streaming import streaming_attention
@@ -61,7 +67,7 @@ def shapes(draw, *, max_len: int = 12) -> Shape:
         group=draw(st.integers(1, 2)),
         D=draw(st.integers(1, 16)),
         Dv=draw(st.integers(1, 8)),
-        dtype=INPUT_DTYPES[draw(st.sampled_from(sorted(INPUT_DTYPES)))],
+        dtype=INPUT_DTYPES[draw(st.sampled_from(sorted(WIDE_DTYPES)))],
         rng=np.random.default_rng(draw(st.integers(0, 2**32 - 1))),
     )
 

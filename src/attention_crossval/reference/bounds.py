@@ -106,9 +106,9 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
-from attention_crossval.reference.case import AttentionCase, AttentionResult
+from attention_crossval.reference.case import FP8_DTYPES, AttentionCase, AttentionResult
 from attention_crossval.reference.masks import visible
-from attention_crossval.reference.precision import LN_2, LOG2_E, StreamingPrecision
+from attention_crossval.reference.precision import LN_2, LOG2_E, StreamingPrecision, fp8_max
 
 KV_ORDERS = ("forward", "reverse", "any")
 EVALUATION_SLACK = 1 + 2.0**-30  # float64 rounding in evaluating the bound itself
@@ -121,8 +121,9 @@ _HEAVY_ROWS = 8  # rows per gather of their heavy keys' V (8 x 64 x Dv doubles s
 
 
 def format_info(dtype: str) -> ml_dtypes.finfo:
-    """``finfo`` of a float format by name (float16, bfloat16, float32, float64)."""
-    return ml_dtypes.finfo(np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype))
+    """``finfo`` of a float format by name (float16, bfloat16, float32, float64, FP8)."""
+    named = {"bfloat16": ml_dtypes.bfloat16, **{f: getattr(ml_dtypes, f) for f in FP8_DTYPES}}
+    return ml_dtypes.finfo(np.dtype(named.get(dtype, dtype)))
 
 
 def unit_roundoff(dtype: str) -> float:
@@ -155,6 +156,9 @@ class _Chain:
     rounded_p_sum: bool
     eps_tanh: float
     num_splits: int
+    offset: float  # max_offset_log2: P scaled by 2^offset before its (FP8) rounding
+    saturates: bool  # an FP8 P can clamp: max_offset + threshold > log2(fp8 max)
+    offset_clamps: bool  # it clamps even with a fresh max: 2^max_offset > fp8 max
 
     @classmethod
     def of(
@@ -180,13 +184,19 @@ class _Chain:
             u_acc=unit_roundoff(precision.accum_dtype),
             u_pv=mma(precision.accum_dtype),
             u_p=0.0 if p is None else unit_roundoff(p),
-            half_sub_p=0.0 if p is None else float(format_info(p).smallest_subnormal) / 2,
+            # P's subnormal spacing, in units of the unscaled P
+            half_sub_p=0.0
+            if p is None
+            else float(format_info(p).smallest_subnormal) / 2 * 2.0**-precision.max_offset_log2,
             u_o=unit_roundoff(out) if narrower_out else 0.0,
             half_sub_o=float(format_info(out).smallest_subnormal) / 2 if narrower_out else 0.0,
             tau=float(precision.rescale_threshold_log2),
             rounded_p_sum=precision.row_sum_from_rounded_p,
             eps_tanh=tanh_error_ulp * 2 * u_s,
             num_splits=num_splits,
+            offset=precision.max_offset_log2,
+            saturates=precision.can_saturate,
+            offset_clamps=p in FP8_DTYPES and 2.0**precision.max_offset_log2 > fp8_max(p),
         )
 
 
@@ -204,6 +214,7 @@ class _RowChunk:
     w_common: np.ndarray  # [r, Sk] weights of |v - o|: p eta + f (+ dP with rounded-P row sum)
     w_p: np.ndarray  # [r, Sk] dP_j, the P-rounding weights of |v| (0 with rounded-P row sum)
     w_sink: np.ndarray  # [r] the sink's weight error w_sigma (0 without a sink)
+    clamps: np.ndarray  # [r] an FP8 P of the row can clamp: the O bound is undefined (inf)
 
 
 def error_bound(
@@ -249,7 +260,10 @@ def error_bound(
         for chunk in _row_chunks(case, chain, block_n, kv_order):
             key = (chunk.b, case.kv_head(chunk.h))
             if key not in values:
-                values = {key: _Values.of(case.v[chunk.b, :, key[1], :])}
+                v = case.v[chunk.b, :, key[1], :]
+                if case.v_descale is not None:  # dequantized: exact in float64
+                    v = v.astype(np.float64) * case.descale("v", *key)
+                values = {key: _Values.of(v)}
             value = values[key]
             v = value.v
             l_safe = np.where(chunk.l > 0, chunk.l, 1)[:, None]
@@ -265,6 +279,9 @@ def error_bound(
             x = (numerator / l_safe + (1 + rel) * g * np.abs(o)) / ((1 - rel) * (1 - g))
             x = np.where((rel < 1) & (g < 1), x, np.inf)  # L~ may be ~0: no finite bound
             out = (1 + chain.u_acc) * x + chain.u_acc * np.abs(o)
+            if case.v_descale is not None:  # O times v_descale: one more accumulator rounding
+                out = (1 + chain.u_acc) * out + chain.u_acc * np.abs(o)
+            out = np.where(chunk.clamps[:, None], np.inf, out)  # undefined: P may clamp
             out = out * (1 + chain.u_o) + chain.u_o * np.abs(o) + chain.half_sub_o
             out = np.where(np.isnan(out), np.inf, out * EVALUATION_SLACK)
             bound[chunk.b, chunk.rows, chunk.h, :] = _on_rows(chunk.l, out)
@@ -317,9 +334,55 @@ def lse_error_bound(
             out += 3 * chain.u_s * (np.abs(chunk.scaled_max) + chain.tau * LN_2 + np.abs(lse))
             if chain.num_splits > 1:  # the combine's log and addition
                 out += chain.eps + 2 * chain.u_acc * np.abs(lse)
+            out += _fp8_lse_error(case, chain, chunk.scaled_max, lse)
+            if chain.rounded_p_sum:  # a clamped P enters the row sum too
+                out = np.where(chunk.clamps, np.inf, out)
             out = np.where(np.isnan(out), np.inf, out * EVALUATION_SLACK)
             bound[chunk.b, chunk.h, chunk.rows] = _on_rows(chunk.l, out)
     return bound
+
+
+def _fp8_lse_error(case: AttentionCase, chain: _Chain, scaled_max, lse) -> np.ndarray | float:
+    """The LSE error an FP8 chain adds (module docstring, FP8): the descales' two roundings in
+    ``c`` on ``m c``, and the offset carried by the row sum and taken out at the end."""
+    out = 0.0
+    if case.descaled:
+        out = out + _scale_error(chain) * (np.abs(scaled_max) + chain.tau * LN_2)
+    if chain.offset:
+        offset = abs(chain.offset)
+        out = out + chain.eps * offset * LN_2
+        out = out + chain.u_s * (4 * offset * LN_2 + 2 * np.abs(lse))
+    return out
+
+
+def _scale_error(chain: _Chain) -> float:
+    """Relative error ``c`` gains from the descales: ``fl(c fl(q_descale k_descale))``
+    rounds twice more than ``fl(log2(e) scale)``."""
+    return float(gamma(3, chain.u_s) - chain.u_s)
+
+
+def saturating_rows(case: AttentionCase, precision: StreamingPrecision, *, block_n: int):
+    """Bool ``[B, Hq, Sq]``: rows where ``precision``'s FP8 P can clamp (module docstring,
+    FP8), so the O bound is undefined there (inf); all False for a chain that cannot."""
+    chain = _check(case, precision, block_n, 2.0, 2**-23, "any", 2.0, 1)
+    out = np.zeros((case.B, case.Hq, case.Sq), dtype=bool)
+    if not (chain.saturates or chain.offset_clamps):
+        return out
+    for b in range(case.B):
+        for h in range(case.Hq):
+            out[b, h] = _clamping(visible(case, b, h, slice(None)), chain, block_n)
+    return out
+
+
+def _clamping(seen: np.ndarray, chain: _Chain, block_n: int) -> np.ndarray:
+    """Rows of ``seen`` whose P can clamp: any visible row when ``2^offset`` alone exceeds the
+    FP8 maximum, else rows with two visible blocks or more under a saturating chain (a row's
+    first block sets its max exactly; a later one may leave it up to the threshold stale)."""
+    if chain.offset_clamps:
+        return seen.any(axis=1)
+    if not chain.saturates:
+        return np.zeros(len(seen), dtype=bool)
+    return _rescales(seen, block_n, "any")[:, 0] >= 1
 
 
 def _on_rows(row_sum: np.ndarray, out: np.ndarray) -> np.ndarray:
@@ -408,17 +471,26 @@ def _row_chunks(case: AttentionCase, chain: _Chain, block_n: int, kv_order: str)
                 seen = visible(case, b, h, rows)
                 q = case.q[b, rows, h, :].astype(np.float64)
                 q = np.where(seen.any(axis=1)[:, None], q, 0)  # padded query rows too
-                yield _weights(case, b, h, rows, seen, q, (k, abs_k), chain, block_n, kv_order)
+                keys_of = (
+                    k,
+                    abs_k,
+                    case.descale("q", b, h // case.group_size)
+                    * case.descale("k", b, h // case.group_size),
+                )
+                yield _weights(case, b, h, rows, seen, q, keys_of, chain, block_n, kv_order)
 
 
 def _weights(
     case: AttentionCase, b, h, rows, seen, q, keys, chain: _Chain, block_n: int, kv_order: str
 ) -> _RowChunk:
     """Float64 p, l, m of a row chunk and the per-key weights of the bound; ``keys``: K and
-    ``|K|`` in float32."""
+    ``|K|`` in float32 (raw values) and ``q_descale k_descale`` (1 without descales: the scores
+    are then exactly those of the unscaled inputs)."""
     scale, cap = case.softmax_scale, case.softcap
-    k, abs_k = keys
+    k, abs_k, descale = keys
     scores = q @ k.T
+    if case.descaled:  # the dequantized scores (FP8)
+        scores *= descale
     # s: what the kernel exponentiates with c; the logits themselves under a softcap
     s = scores if cap is None else cap * np.tanh(scale * scores / cap)
     c = LOG2_E * scale if cap is None else LOG2_E
@@ -438,6 +510,7 @@ def _weights(
     D = q.shape[1]
     qk = np.abs(q).astype(np.float32) @ abs_k.T
     qk_factor = LN_2 * LOG2_E * scale * gamma(D, chain.u_qk) * (1 + gamma(D, 2.0**-24))
+    qk_factor *= descale  # sum_k |q_k k_jk| of the dequantized values
     if cap is not None:  # e_j's MMA term passes the scale, /cap, tanh and *cap
         qk_factor *= (1 + chain.eps_tanh) * (1 + chain.u_s) ** 3
     arg = np.multiply(qk, qk_factor, dtype=np.float64)
@@ -446,6 +519,10 @@ def _weights(
         arg += gamma(2, u_s) * np.abs(scale * scores) + (eps_t + u_s + eps_t * u_s) * np.abs(s)
     arg += (LN_2 * chain.u_s * c) * (np.abs(s) + (m - s))  # u_s (c|s_j| + |t_j|)
     arg += LN_2 * chain.u_s * (chain.tau + 2 * cm) + chain.eps  # the row's constant part
+    if case.descaled:  # c's two more roundings act on c (s_j - m_stale), |.| <= |t_j| + tau
+        arg += (LN_2 * _scale_error(chain) * c) * (m - s) + LN_2 * _scale_error(chain) * chain.tau
+    if chain.offset:  # fl(offset - fl(m c)): one more rounding of the exp2 argument's constant
+        arg += LN_2 * chain.u_s * (abs(chain.offset) + cm)
     per_rescale = chain.eps + chain.u_acc + 3 * LN_2 * chain.u_s * cm
     rescales = _rescales(seen, block_n, kv_order)
     arg += rescales * per_rescale
@@ -471,6 +548,7 @@ def _weights(
         w_common=w_common,
         w_p=w_p,
         w_sink=w_sink,
+        clamps=_clamping(seen, chain, block_n),
     )
 
 

@@ -39,11 +39,19 @@ INPUT_DTYPES: dict[str, np.dtype] = {
     "float16": np.dtype(np.float16),
     "bfloat16": np.dtype(ml_dtypes.bfloat16),
     "float32": np.dtype(np.float32),
+    "float8_e4m3fn": np.dtype(ml_dtypes.float8_e4m3fn),
+    "float8_e5m2": np.dtype(ml_dtypes.float8_e5m2),
 }
+# FP8 inputs (docs/fp8.md): they alone take descales, and their output is a wider format.
+FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
+# The 16/32-bit inputs, which are also the output dtypes a case may ask for.
+WIDE_DTYPES = ("float16", "bfloat16", "float32")
+DESCALES = ("q_descale", "k_descale", "v_descale")
 
 
 def dtype_name(dtype: np.dtype | str) -> str:
-    """Canonical name of a supported input dtype (``float16``, ``bfloat16``, ``float32``)."""
+    """Canonical name of a supported input dtype (``float16``, ``bfloat16``, ``float32``, or an
+    FP8 format of :data:`FP8_DTYPES`)."""
     name = np.dtype(dtype).name if not isinstance(dtype, str) else dtype
     if name not in INPUT_DTYPES:
         raise ValueError(f"dtype={name!r} must be one of {sorted(INPUT_DTYPES)}")
@@ -100,8 +108,15 @@ def frozen(array: np.ndarray) -> np.ndarray:
     return copy
 
 
-# Exponent bits of each input dtype: all set means inf or NaN.
-_EXPONENT = {"float16": 0x7C00, "bfloat16": 0x7F80, "float32": 0x7F800000}
+# Exponent bits of each input dtype: all set means inf or NaN (e4m3fn has no inf: its one NaN
+# pattern per sign sets exponent and mantissa, 0x7F).
+_EXPONENT = {
+    "float16": 0x7C00,
+    "bfloat16": 0x7F80,
+    "float32": 0x7F800000,
+    "float8_e4m3fn": 0x7F,
+    "float8_e5m2": 0x7C,
+}
 _FINITE_CHUNK = 1 << 24  # elements tested at once
 
 
@@ -274,6 +289,16 @@ class AttentionCase:
       a read shows; the harness's clean run puts 0 there as it does in padding
       (:func:`kernel.harness.fill_padding`), which tells such a read (``padding-read``) from a
       non-finite result on clean inputs.
+
+    FP8 inputs (``float8_e4m3fn``, ``float8_e5m2``; docs/fp8.md): the case means attention of
+    the *dequantized* values ``q q_descale``, ``k k_descale``, ``v v_descale``:
+
+    * ``q_descale``, ``k_descale``, ``v_descale``: float32 ``[B, Hkv]`` (flash_attn.cute's
+      convention: query head h reads its kv head's entry), finite and > 0, only with FP8
+      inputs; None = 1. A kernel applies ``softmax_scale q_descale k_descale`` to ``Q K^T`` of
+      the raw FP8 values and ``v_descale`` at the final normalization.
+    * ``output_dtype``: the dtype O is written in. None = the input dtype for 16/32-bit inputs,
+      ``bfloat16`` for FP8 inputs (:attr:`out_dtype`); FP8 outputs are not allowed.
     """
 
     q: np.ndarray
@@ -288,6 +313,10 @@ class AttentionCase:
     num_splits: int = 1
     layout: str = "padded"
     page_fill: float = math.nan
+    q_descale: np.ndarray | None = None
+    k_descale: np.ndarray | None = None
+    v_descale: np.ndarray | None = None
+    output_dtype: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("q", "k", "v"):
@@ -317,6 +346,7 @@ class AttentionCase:
         self._check_mask()
         self._check_surface()
         self._check_call_options()
+        self._check_quantization()
         for name in ("q", "k", "v"):
             object.__setattr__(self, name, frozen(getattr(self, name)))
         self._check_finite()
@@ -433,6 +463,65 @@ class AttentionCase:
             raise ValueError(f"page_fill={fill!r} must be a float (NaN: a read shows)")
         object.__setattr__(self, "page_fill", float(fill))
 
+    def _check_quantization(self) -> None:
+        """Descales only with FP8 inputs, float32 ``[B, Hkv]``, finite and > 0; an output dtype
+        of 16 or 32 bits."""
+        fp8 = self.dtype in FP8_DTYPES
+        for name in DESCALES:
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if not fp8:
+                raise ValueError(
+                    f"{name} is allowed only with FP8 inputs {list(FP8_DTYPES)}, "
+                    f"not {self.dtype} (None = no descale)"
+                )
+            if not isinstance(value, np.ndarray) or value.dtype != np.float32:
+                kind = getattr(value, "dtype", type(value).__name__)
+                raise ValueError(f"{name} must be a float32 numpy array, got {kind}")
+            if value.shape != (self.B, self.Hkv):
+                raise ValueError(
+                    f"{name} must have shape [B, Hkv]={(self.B, self.Hkv)}, got {value.shape}"
+                )
+            if not (np.isfinite(value).all() and (value > 0).all()):
+                raise ValueError(f"{name}={value.tolist()} must be finite and > 0")
+            object.__setattr__(self, name, frozen(native_byte_order(value)))
+        out = self.output_dtype
+        if out is not None and out not in WIDE_DTYPES:
+            raise ValueError(
+                f"output_dtype={out!r} must be None or one of {list(WIDE_DTYPES)} "
+                "(FP8 outputs are not allowed)"
+            )
+
+    @property
+    def out_dtype(self) -> str:
+        """The dtype O is written in: ``output_dtype``, else the input dtype (16/32-bit
+        inputs) or ``bfloat16`` (FP8 inputs)."""
+        if self.output_dtype is not None:
+            return self.output_dtype
+        return "bfloat16" if self.dtype in FP8_DTYPES else self.dtype
+
+    @property
+    def descaled(self) -> bool:
+        """True when any of q, k, v carries a descale."""
+        return any(getattr(self, name) is not None for name in DESCALES)
+
+    def descale(self, name: str, b: int, kv_head: int) -> float:
+        """The descale of ``name`` ("q", "k" or "v") for batch ``b`` and ``kv_head``: a float32
+        value as a float, 1.0 without one. An FP8 value (at most 4 significant bits) times it
+        (24) is exact in float64: the dequantized input the exact tiers read."""
+        value = getattr(self, f"{name}_descale")
+        return 1.0 if value is None else float(value[b, kv_head])
+
+    def unit_descales(self, b: int, kv_head: int) -> dict[str, np.ndarray | None]:
+        """The descales of batch ``b`` and ``kv_head`` as ``[1, 1]`` arrays (None stays None),
+        keyword arguments for a case of that batch and kv head alone."""
+        return {
+            name: None if value is None else value[b : b + 1, kv_head : kv_head + 1].copy()
+            for name in DESCALES
+            for value in (getattr(self, name),)
+        }
+
     @property
     def call_options(self) -> frozenset[str]:
         """The call options in use: a subset of {paged, splits, packed}."""
@@ -475,7 +564,7 @@ class AttentionCase:
 
     @property
     def dtype(self) -> str:
-        """Input dtype name: ``float16``, ``bfloat16`` or ``float32``."""
+        """Input dtype name: ``float16``, ``bfloat16``, ``float32`` or an FP8 format."""
         return self.q.dtype.name
 
     @property
@@ -506,16 +595,22 @@ class AttentionCase:
         surface += "" if self.page_size is None else f" page_size={self.page_size}"
         surface += "" if self.num_splits == 1 else f" num_splits={self.num_splits}"
         surface += "" if self.layout == "padded" else f" layout={self.layout}"
+        for name in DESCALES:
+            value = getattr(self, name)
+            surface += "" if value is None else f" {name}={np.round(value, 6).tolist()}"
+        surface += "" if self.output_dtype is None else f" output_dtype={self.output_dtype}"
         scale = f"scale={self.softmax_scale:.6g}"
         return f"{shape} {self.dtype} mask={mask} {scale}{surface}{label}"
 
     def save(self, path: str | Path) -> Path:
-        """Write the case to ``.npz`` (bf16 stored as uint16 bits) so it can be replayed."""
+        """Write the case to ``.npz`` (bf16 and FP8 stored as unsigned-int bits) so it can be
+        replayed."""
         path = Path(path)
         mask = self.mask
+        bits = self.dtype == "bfloat16" or self.dtype in FP8_DTYPES
         arrays = {
-            name: getattr(self, name).view(np.uint16)
-            if self.dtype == "bfloat16"
+            name: getattr(self, name).view(f"u{self.q.dtype.itemsize}")
+            if bits
             else getattr(self, name)
             for name in "qkv"
         }
@@ -532,6 +627,11 @@ class AttentionCase:
             extras["layout"] = self.layout
         if not math.isnan(self.page_fill):
             extras["page_fill"] = self.page_fill
+        for name in DESCALES:
+            if getattr(self, name) is not None:
+                extras[name] = getattr(self, name)
+        if self.output_dtype is not None:
+            extras["output_dtype"] = self.output_dtype
         np.savez_compressed(
             path,
             **arrays,
@@ -582,6 +682,10 @@ class AttentionCase:
                 num_splits=fields.integer("num_splits") if "num_splits" in data else 1,
                 layout=fields.text("layout", LAYOUTS) if "layout" in data else "padded",
                 page_fill=fields.number("page_fill") if "page_fill" in data else math.nan,
+                **{name: fields.array(name, "f") for name in DESCALES if name in data},
+                output_dtype=(
+                    fields.text("output_dtype", WIDE_DTYPES) if "output_dtype" in data else None
+                ),
             )
 
 

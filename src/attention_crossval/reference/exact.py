@@ -11,6 +11,11 @@ exactly as integers. Only three steps are inexact, and each runs at ``prec_bits`
    the remainder, so ``o + o_lo`` carries ~106 bits and can be rounded correctly to 16-bit dtypes.
 3. ``LSE = c m + ln(sum_j P_j 2^-F)`` (natural log), one mpmath log and one addition.
 
+FP8 inputs with descales (docs/fp8.md): the case means attention of ``q q_descale``,
+``k k_descale``, ``v v_descale``. Each product of an FP8 value (at most 4 significant bits) and a
+float32 descale (24) is exact in float64, so the tier reads the dequantized values
+(:func:`_dequantized`) and everything below holds for them unchanged.
+
 Exact integer products run as float64 GEMMs on limbs: a matrix of integers is split into signed
 limbs narrow enough that every partial sum of a limb product stays below 2^53, so BLAS returns
 exact integers whatever its summation order; limb products are recombined in Python ints.
@@ -197,7 +202,7 @@ def naive_exact_attention(
     case: AttentionCase, rows: np.ndarray | None = None, *, dps: int = 100
 ) -> AttentionResult:
     """Independent, obviously correct mpmath loop (private context at ``dps`` digits), with the
-    softcap and the sink as ``AttentionCase`` defines them.
+    softcap, the sink and the descales as ``AttentionCase`` defines them.
 
     For cross-checks on small shapes only (~0.06 rows/s at Sk=8192, d=128). Scores use
     ``fdot``, which drops terms ~2 prec below the running sum: at dps >= 100 (~332 bits) that
@@ -217,8 +222,10 @@ def naive_exact_attention(
             o[b, i, h], lse[b, h, i] = 0.0, -np.inf if sink is None else float(sink)
             continue
         kvh = case.kv_head(h)
-        q = [ctx.mpf(float(x)) for x in case.q[b, i, h]]
-        s = [scale * ctx.fdot(q, [ctx.mpf(float(x)) for x in case.k[b, j, kvh]]) for j in keys]
+        qd, kd, vd = (ctx.mpf(case.descale(name, b, kvh)) for name in "qkv")
+        q = [ctx.mpf(float(x)) * qd for x in case.q[b, i, h]]
+        k = [[ctx.mpf(float(x)) * kd for x in case.k[b, j, kvh]] for j in keys]
+        s = [scale * ctx.fdot(q, row) for row in k]
         if case.softcap is not None:  # the cap acts on the scaled scores
             cap = ctx.mpf(case.softcap)
             s = [cap * ctx.tanh(x / cap) for x in s]
@@ -226,7 +233,7 @@ def naive_exact_attention(
         p = [ctx.exp(x - m) for x in s]
         total = ctx.fsum(p if sink is None else [*p, ctx.exp(sink - m)])  # the sink: no value
         for c in range(case.Dv):
-            num = ctx.fdot(p, [ctx.mpf(float(case.v[b, j, kvh, c])) for j in keys])
+            num = ctx.fdot(p, [ctx.mpf(float(case.v[b, j, kvh, c])) * vd for j in keys])
             o[b, i, h, c] = float(num / total)
         lse[b, h, i] = float(m + ctx.log(total))
     return AttentionResult(o=o, lse=lse)
@@ -401,8 +408,9 @@ def _evaluate_group(
     if not selected:
         return
     cols = np.flatnonzero(np.any([seen for _, _, seen in selected], axis=0))
-    k = case.k[b, cols, kv_head]  # only keys some selected row sees; float64 chunk by chunk
-    v = case.v[b, cols, kv_head]
+    # only keys some selected row sees; float64 chunk by chunk
+    k = _dequantized(case, "k", b, kv_head, case.k[b, cols, kv_head])
+    v = _dequantized(case, "v", b, kv_head, case.v[b, cols, kv_head])
     v_lo, v_hi = _exponent_range(v)
     v_width = _span_width(v_lo, v_hi)
     nv = -(-v_width // (_limb_budget(len(cols)) - _P_LIMB_BITS))
@@ -411,6 +419,7 @@ def _evaluate_group(
         chunk = selected[start : start + _ROW_CHUNK]
         n = len(chunk)
         q = np.stack([case.q[b, i, h] for h, i, _ in chunk]).astype(np.float64)
+        q = _dequantized(case, "q", b, kv_head, q)
         scores, score_exponent = dyadic_matmul(q, k)  # exact: q k^T = scores 2^score_exponent
         masks = [seen[cols] for _, _, seen in chunk]
         if case.softcap is None and case.sink is None:
@@ -438,6 +447,14 @@ def _evaluate_group(
         for r, (h, i, _) in enumerate(chunk):  # numerators: exact sum_j P_j v_j 2^(F - v_lo)
             values = _visible_values(v, masks[r])
             _finish_row(out, b, h, i, numerators[r], p_rows[r], values, v_lo, weights)
+
+
+def _dequantized(case: AttentionCase, name: str, b: int, kv_head: int, x: np.ndarray) -> np.ndarray:
+    """``x`` (values of ``case``'s ``name`` for ``b``, ``kv_head``) times its descale, exact
+    in float64 (module docstring); ``x`` itself when ``name`` has no descale."""
+    if getattr(case, f"{name}_descale") is None:
+        return x
+    return x.astype(np.float64) * case.descale(name, b, kv_head)
 
 
 def _write_sink_only_rows(

@@ -70,6 +70,7 @@ def unit_case(case: AttentionCase, b: int, heads: tuple[int, ...]) -> AttentionC
         v=case.v[b : b + 1, :, kv : kv + 1],
         mask=sub_mask,
         sink=None if case.sink is None else case.sink[h0:h1],
+        **case.unit_descales(b, kv),
     )
 
 

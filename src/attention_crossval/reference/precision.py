@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
-from attention_crossval.reference.case import INPUT_DTYPES, dtype_name
+from attention_crossval.reference.case import FP8_DTYPES, INPUT_DTYPES, WIDE_DTYPES, dtype_name
 
 LOG2_E = math.log2(math.e)  # scale_log2 = LOG2_E * softmax_scale: the constant folded into exp2
 LN_2 = math.log(2.0)  # natural-log LSE = log2-domain LSE * LN_2
@@ -23,7 +23,14 @@ _ROUNDING_DTYPES = {
     "bfloat16": np.dtype(ml_dtypes.bfloat16),
     "float32": np.dtype(np.float32),
     "float64": np.dtype(np.float64),
+    "float8_e4m3fn": np.dtype(ml_dtypes.float8_e4m3fn),
+    "float8_e5m2": np.dtype(ml_dtypes.float8_e5m2),
 }
+
+
+def fp8_max(dtype: str) -> float:
+    """Largest finite value of an FP8 format: 448 (e4m3fn), 57344 (e5m2)."""
+    return float(ml_dtypes.finfo(INPUT_DTYPES[dtype]).max)
 
 
 def round_to(x: np.ndarray, dtype: str) -> np.ndarray:
@@ -33,10 +40,15 @@ def round_to(x: np.ndarray, dtype: str) -> np.ndarray:
     and double rounds (docs/numerics.md#rounding). float32 input converts directly. Values
     beyond the dtype's range become +-inf, silently: a kernel's output overflows the same way
     (regression: properties/test_streaming.py::test_round_to_overflows_to_inf_without_a_warning).
+    FP8 formats convert with satfinite, as the FP8 MMA operands do: beyond the largest finite
+    value the result is +-max (448 or 57344), not NaN or inf; NaN stays NaN.
     """
     if dtype not in _ROUNDING_DTYPES:
         raise ValueError(f"dtype={dtype!r} must be one of {sorted(_ROUNDING_DTYPES)}")
     x = np.asarray(x)
+    if dtype in FP8_DTYPES:  # satfinite: clamp, then round to nearest even (cannot overflow)
+        top = fp8_max(dtype)
+        return np.clip(x, -top, top).astype(_ROUNDING_DTYPES[dtype]).astype(np.float64)
     if dtype == "bfloat16" and x.dtype == np.float64:
         return _round_float64_to_bfloat16(x)
     with np.errstate(over="ignore"):  # beyond the dtype's range is +-inf, as IEEE rounding gives
@@ -47,8 +59,11 @@ def cast_input(x: np.ndarray, dtype: str) -> np.ndarray:
     """``x`` as an array of the input dtype ``dtype`` (``reference.case.INPUT_DTYPES``),
     rounded once to nearest even. float64 -> bfloat16 goes through :func:`round_to`: ml_dtypes
     before 0.7 rounded through float32 (twice), 0.7 rounds directly, so a plain ``astype`` made
-    a recipe's inputs depend on the installed version (one value in 76,800 of a ramp recipe)."""
+    a recipe's inputs depend on the installed version (one value in 76,800 of a ramp recipe).
+    FP8 formats saturate (:func:`round_to`)."""
     x = np.asarray(x)
+    if dtype in FP8_DTYPES:  # satfinite, as quantizers convert (e4m3fn has no inf)
+        return round_to(x, dtype).astype(INPUT_DTYPES[dtype])
     if dtype == "bfloat16" and x.dtype == np.float64:
         x = round_to(x, "bfloat16")  # bf16 values: the cast below is exact
     with np.errstate(over="ignore"):  # beyond the range is +-inf, as round_to gives
@@ -83,6 +98,13 @@ class StreamingPrecision:
     * ``output_dtype``: final O rounding, or None to return the accumulator's values.
     * ``rescale_threshold_log2``: raise the running max only when it grows by more than this many
       log2 units (FA4 uses 8 for 16-bit inputs; 0 = always).
+    * ``max_offset_log2``: P is computed as ``exp2(S c - m c + max_offset_log2)``, i.e. scaled
+      by ``2^max_offset`` into an FP8 format's range before the conversion; row sum and O carry
+      the same factor, which cancels in O / row_sum (0 = no offset; docs/fp8.md).
+
+    With an FP8 ``p_dtype`` P converts with satfinite (:func:`round_to`): a stale max lets the
+    scaled P reach ``2^(max_offset + threshold)``, which clamps when that exceeds the format's
+    largest value (:attr:`can_saturate`).
     """
 
     score_dtype: str = "float32"
@@ -91,23 +113,38 @@ class StreamingPrecision:
     accum_dtype: str = "float32"
     output_dtype: str | None = None
     rescale_threshold_log2: float = 0.0
+    max_offset_log2: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("score_dtype", "accum_dtype"):
             value = getattr(self, name)
             if value not in ("float32", "float64"):
                 raise ValueError(f"{name}={value!r} must be 'float32' or 'float64'")
-        if self.p_dtype is not None and self.p_dtype not in ("float16", "bfloat16"):
-            raise ValueError(f"p_dtype={self.p_dtype!r} must be None, 'float16' or 'bfloat16'")
-        if self.output_dtype is not None and self.output_dtype not in tuple(INPUT_DTYPES):
+        p_dtypes = ("float16", "bfloat16", *FP8_DTYPES)
+        if self.p_dtype is not None and self.p_dtype not in p_dtypes:
+            raise ValueError(f"p_dtype={self.p_dtype!r} must be None or one of {list(p_dtypes)}")
+        if self.output_dtype is not None and self.output_dtype not in WIDE_DTYPES:
             raise ValueError(
-                f"output_dtype={self.output_dtype!r} must be None or one of {sorted(INPUT_DTYPES)}"
+                f"output_dtype={self.output_dtype!r} must be None or one of {list(WIDE_DTYPES)}"
             )
         if not isinstance(self.row_sum_from_rounded_p, (bool, np.bool_)):
             raise ValueError(
                 f"row_sum_from_rounded_p={self.row_sum_from_rounded_p!r} must be a bool"
             )
         self._check_threshold()
+        self._check_offset()
+
+    def _check_offset(self) -> None:
+        """``max_offset_log2``: a finite float in (-64, 64): P scaled by ``2^+-64`` and more
+        leaves every FP8 range, and the float32 stages keep it exact only well inside theirs
+        (a negative offset scales P down, as a kernel folding a descale below 1 into P does)."""
+        offset = self.max_offset_log2
+        rule = "must be a finite float in (-64, 64) (log2 units)"
+        if isinstance(offset, bool) or not isinstance(offset, (int, float, np.floating)):
+            raise ValueError(f"max_offset_log2={reprlib.repr(offset)} {rule}")
+        if not -64 < float(offset) < 64:
+            raise ValueError(f"max_offset_log2={reprlib.repr(offset)} {rule}")
+        object.__setattr__(self, "max_offset_log2", float(offset))
 
     def _check_threshold(self) -> None:
         """A stale max lets P reach ``2^threshold``: at or beyond the exponent range of the
@@ -136,8 +173,14 @@ class StreamingPrecision:
         cls, input_dtype: str, *, rescale_threshold_log2: float = 0.0
     ) -> StreamingPrecision:
         """FlashAttention's chain for ``input_dtype`` inputs: fp32 S and accumulators, P rounded
-        to the input dtype before P V, row_sum from the fp32 p, O rounded to the input dtype."""
+        to the input dtype before P V, row_sum from the fp32 p, O rounded to the input dtype.
+        FP8 inputs: :meth:`fp8_attention` with offset 8 and threshold 0 (FA3's constants: P
+        at most 256, never clamped) and a bf16 output."""
         input_dtype = dtype_name(input_dtype)
+        if input_dtype in FP8_DTYPES:
+            return cls.fp8_attention(
+                input_dtype, max_offset_log2=8.0, rescale_threshold_log2=rescale_threshold_log2
+            )
         p_dtype = None if input_dtype == "float32" else input_dtype
         return cls(
             score_dtype="float32",
@@ -147,6 +190,41 @@ class StreamingPrecision:
             output_dtype=input_dtype,
             rescale_threshold_log2=rescale_threshold_log2,
         )
+
+    @classmethod
+    def fp8_attention(
+        cls,
+        input_dtype: str,
+        *,
+        max_offset_log2: float,
+        rescale_threshold_log2: float,
+        row_sum_from_rounded_p: bool = False,
+        output_dtype: str = "bfloat16",
+    ) -> StreamingPrecision:
+        """An FP8 forward's chain: fp32 S and accumulators, P scaled by ``2^max_offset_log2``
+        and converted to the input's FP8 format (satfinite) before P V, the lazy rescale,
+        O rounded to ``output_dtype``. The fixed constants keep ``max_offset_log2 +
+        rescale_threshold_log2 <= log2(fp8 max)``; FA4's (8 and 4 with e4m3) do not."""
+        if input_dtype not in FP8_DTYPES:
+            raise ValueError(f"input_dtype={input_dtype!r} must be one of {list(FP8_DTYPES)}")
+        return cls(
+            score_dtype="float32",
+            p_dtype=input_dtype,
+            row_sum_from_rounded_p=row_sum_from_rounded_p,
+            accum_dtype="float32",
+            output_dtype=output_dtype,
+            rescale_threshold_log2=rescale_threshold_log2,
+            max_offset_log2=max_offset_log2,
+        )
+
+    @property
+    def can_saturate(self) -> bool:
+        """True when P in an FP8 format can clamp: a stale max lets the scaled P reach
+        ``2^(max_offset + threshold)``, above the format's largest finite value."""
+        if self.p_dtype not in FP8_DTYPES:
+            return False
+        top = self.max_offset_log2 + self.rescale_threshold_log2
+        return 2.0**top > fp8_max(self.p_dtype)
 
     @property
     def is_float64(self) -> bool:
@@ -208,9 +286,9 @@ class BackwardPrecision:
             raise ValueError(f"accum_dtype={self.accum_dtype!r} must be 'float32' or 'float64'")
         if self.dq_order not in DQ_ORDERS:
             raise ValueError(f"dq_order={self.dq_order!r} must be one of {list(DQ_ORDERS)}")
-        if self.output_dtype is not None and self.output_dtype not in tuple(INPUT_DTYPES):
+        if self.output_dtype is not None and self.output_dtype not in WIDE_DTYPES:
             raise ValueError(
-                f"output_dtype={self.output_dtype!r} must be None or one of {sorted(INPUT_DTYPES)}"
+                f"output_dtype={self.output_dtype!r} must be None or one of {list(WIDE_DTYPES)}"
             )
 
     @classmethod

@@ -9,10 +9,14 @@ block (``c = scale_log2``)::
     S      = cap tanh(S scale / cap)                 (softcap only; then c = log2(e))
     m_new  = max(m_old, rowmax(S))                   (FA4: kept stale below the threshold)
     alpha  = exp2((m_old - m_new) * c)
-    P      = exp2(S * c - m_new * c)                 (one FMA with a folded constant)
+    P      = exp2(S * c - m_new * c + offset)        (one FMA with a folded constant)
     l      = l * alpha + rowsum(P)
-    O      = O * alpha + P V
-    after the last block: O = O / l,  lse = (m * c + log2(l)) * ln 2
+    O      = O * alpha + P V                         (P converted to p_dtype first)
+    after the last block: O = O / l,  lse = (m * c + log2(l)) * ln 2 - offset * ln 2
+
+FP8 inputs (docs/fp8.md): ``c`` carries ``q_descale k_descale``, S is the product of the raw
+FP8 values, ``offset = max_offset_log2`` scales P into the FP8 range before its satfinite
+conversion (0 otherwise), and the final O is multiplied by ``v_descale``.
 
 Before the first block ``m = -inf, l = 0, O = 0``; with a sink ``sigma`` (a logit with no value)
 ``m = sigma log2(e) / c, l = exp2(sigma log2(e) - m c) = 1, O = 0``: the sink is the state the
@@ -25,9 +29,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from attention_crossval.reference.case import AttentionCase, AttentionResult
+from attention_crossval.reference.case import FP8_DTYPES, AttentionCase, AttentionResult
 from attention_crossval.reference.masks import visible
-from attention_crossval.reference.precision import LN_2, LOG2_E, StreamingPrecision, round_to
+from attention_crossval.reference.precision import (
+    LN_2,
+    LOG2_E,
+    StreamingPrecision,
+    fp8_max,
+    round_to,
+)
 
 
 class TraceRecorder:
@@ -48,6 +58,9 @@ class TraceRecorder:
     ) -> None:
         """Called after the running max of one (row block, K block) tile was updated."""
 
+    def clamped(self, b: int, h: int, rows: slice, count: np.ndarray) -> None:
+        """Called per tile with an FP8 P: ``count[r]`` P elements of row r were clamped."""
+
 
 class RescaleTrace(TraceRecorder):
     """Per-row record of the running-max updates, so a property can prove that an adversarial
@@ -61,6 +74,8 @@ class RescaleTrace(TraceRecorder):
     * ``visible_blocks``: K blocks with at least one key visible to the row; 0 = empty row.
     * ``skipped_rescales``: blocks whose max exceeded the running max but stayed within
       ``rescale_threshold_log2``, so the stale max was kept (always 0 with threshold 0).
+    * ``clamped_p``: P elements above the largest finite value of an FP8 ``p_dtype``, which
+      its satfinite conversion clamped (always 0 with a 16-bit P or none).
     """
 
     def start(self, case: AttentionCase) -> None:
@@ -69,6 +84,10 @@ class RescaleTrace(TraceRecorder):
         self.max_raises = np.zeros(shape, np.int64)
         self.visible_blocks = np.zeros(shape, np.int64)
         self.skipped_rescales = np.zeros(shape, np.int64)
+        self.clamped_p = np.zeros(shape, np.int64)
+
+    def clamped(self, b, h, rows, count) -> None:
+        self.clamped_p[b, h, rows] += count
 
     def block(self, b, h, rows, seen, m_old, m_block, m_new) -> None:
         raised = m_new > m_old
@@ -148,14 +167,22 @@ def _attend_row_block(
         cap, scale = score_dtype.type(case.softcap), score_dtype.type(case.softmax_scale)
         scale_log2 = score_dtype.type(LOG2_E)  # c = log2(e)
     # Raise the max only when it grows by more than the threshold (log2 units -> score units).
-    threshold = score_dtype.type(precision.rescale_threshold_log2 / scale_log2)
     kv_head = case.kv_head(h)
+    if case.descaled:  # FP8: c = fl(c fl(q_descale k_descale)); S stays Q K^T of raw values
+        descale = score_dtype.type(case.descale("q", b, kv_head) * case.descale("k", b, kv_head))
+        scale_log2 = scale_log2 * descale
+        if case.softcap is not None:
+            scale = scale * descale
+    threshold = score_dtype.type(precision.rescale_threshold_log2 / scale_log2)
+    offset = score_dtype.type(precision.max_offset_log2)  # P scaled by 2^offset (FP8 range)
+    fp8_p = precision.p_dtype in FP8_DTYPES
     Q = case.q[b, rows, h, :].astype(score_dtype)
     row_max = np.full(Q.shape[0], -np.inf, score_dtype)  # m = -inf: no key seen yet
     row_sum = np.zeros(Q.shape[0], accum_dtype)  # l = 0
     if case.sink is not None:  # start from the sink: m = sigma log2(e) / c, l = 1
         row_max[:] = score_dtype.type(case.sink[h]) * score_dtype.type(LOG2_E) / scale_log2
         row_sum[:] = 1
+        row_sum *= np.exp2(offset)  # the sink's P carries the offset too
     O = np.zeros((Q.shape[0], case.Dv), accum_dtype)  # O = 0 (unnormalized)
     for cols in col_blocks:
         K = case.k[b, cols, kv_head, :].astype(score_dtype)
@@ -172,8 +199,12 @@ def _attend_row_block(
         row_max = np.where(row_max > m_old + threshold, row_max, m_old)  # FA4: keep a stale max
         m_safe = np.where(row_max == -np.inf, 0, row_max)  # rows empty so far: no -inf - -inf
         alpha = np.exp2((m_old - m_safe) * scale_log2).astype(accum_dtype)  # exp2((m_old-m_new)*c)
-        P = np.exp2(_fma(S, scale_log2, -(m_safe * scale_log2)[:, None]))  # exp2(S*c - m_new*c)
+        P = np.exp2(
+            _fma(S, scale_log2, (offset - m_safe * scale_log2)[:, None])
+        )  # exp2(S*c - m*c + off)
         P_mma = round_to(P, precision.p_dtype or precision.score_dtype)  # P as fed to P V
+        if fp8_p:  # satfinite clamped the P above the format's largest value
+            trace.clamped(b, h, rows, (P > fp8_max(precision.p_dtype)).sum(axis=1))
         P_sum = P_mma if precision.row_sum_from_rounded_p else P  # which P row_sum adds
         row_sum = row_sum * alpha + P_sum.sum(axis=1, dtype=accum_dtype)  # l = l*alpha + rowsum(P)
         O = O * alpha[:, None] + P_mma.astype(accum_dtype) @ V  # O = O * alpha + P V
@@ -182,8 +213,11 @@ def _attend_row_block(
     # S*c - fl(m*c)), so row_sum > 0; an empty row's row_sum is 0.
     row_sum_safe = np.where(row_sum > 0, row_sum, 1)  # empty rows: O stays 0, no 0 / 0
     O = O / row_sum_safe[:, None]  # O = O / row_sum (deferred normalization)
+    if case.v_descale is not None:  # O = v_descale (P V_raw) / row_sum
+        O = O * accum_dtype.type(case.descale("v", b, kv_head))
     # lse = (m * c + log2(l)) * ln 2; empty rows: -inf * c + log2(1) = -inf.
     lse = (row_max.astype(accum_dtype) * scale_log2 + np.log2(row_sum_safe)) * LN_2
+    lse = lse - accum_dtype.type(offset * LN_2)  # l carries 2^offset
     return O, lse.astype(np.float64)
 
 

@@ -24,15 +24,22 @@ import numpy as np
 
 # The builders of properties.strategies, from its private modules: the public module also loads
 # the pytest coverage plugin, and the report must run where pytest is not installed.
+from attention_crossval.properties._strategies.fp8 import (
+    DESCALE_KINDS,
+    fp8_arrays,
+    quantized_inputs,
+)
 from attention_crossval.properties._strategies.gradients import GRADIENT_DISTRIBUTIONS
 from attention_crossval.properties._strategies.scores import DISTRIBUTIONS, BuildContext
 from attention_crossval.properties._strategies.shapes import Shape
 from attention_crossval.reference.case import (
+    FP8_DTYPES,
     INPUT_DTYPES,
     LAYOUTS,
     MAX_ELEMENTS_CEILING,
     MAX_SOFTMAX_SCALE,
     MAX_SPLITS,
+    WIDE_DTYPES,
     AttentionCase,
     CausalAlignment,
     Mask,
@@ -63,6 +70,8 @@ _OPTIONAL = (
     "num_splits",
     "layout",
     "do_distribution",
+    "descales",
+    "output_dtype",
 )
 
 
@@ -94,6 +103,12 @@ class Config:
     * ``do_distribution``: the backward pass's dO, a name of
       ``properties.strategies.GRADIENT_DISTRIBUTIONS`` seeded with ``seed`` (None: gaussian);
       left out of :meth:`fields` when None. The forward inputs do not depend on it.
+    * FP8 inputs (``dtype`` ``float8_e4m3fn`` / ``float8_e5m2``, docs/fp8.md): the
+      distribution's inputs for FP8 (``properties._strategies.fp8.fp8_arrays``: the ramp is
+      the creeping ramp) quantized with ``descales``, a kind of
+      ``properties._strategies.fp8.DESCALE_KINDS`` for q, k and v alike (None: "none", no
+      descales), and ``output_dtype`` the case's (None: bf16). Both left out of :meth:`fields`
+      when None, and refused for 16/32-bit inputs.
     * ``name``: unique within a report; derived from the fields when left empty.
     """
 
@@ -118,6 +133,8 @@ class Config:
     num_splits: int | None = None
     layout: str | None = None
     do_distribution: str | None = None
+    descales: str | None = None
+    output_dtype: str | None = None
 
     def __post_init__(self) -> None:
         # isinstance first: a list or dict value would make the membership tests raise TypeError.
@@ -197,10 +214,11 @@ class Config:
                 f"config.do_distribution={self.do_distribution!r} must be None (= gaussian) or "
                 f"one of {list(GRADIENT_DISTRIBUTIONS)}"
             )
+        self._check_fp8()
         if not isinstance(self.name, str):
             raise ValueError(f"config.name={self.name!r} must be a string (empty: derived)")
         if not self.name:
-            short = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}[self.dtype]
+            short = _SHORT_DTYPES[self.dtype]
             name = f"{short}-d{self.D}-q{self.Sq}-k{self.Sk}-{self.mask}-{self.distribution}"
             name += "" if self.Dv is None else f"-dv{self.Dv}"
             name += "" if self.softmax_scale is None else f"-scale{self.softmax_scale:g}"
@@ -210,7 +228,22 @@ class Config:
             name += "" if self.num_splits is None else f"-splits{self.num_splits}"
             name += "" if self.layout is None else f"-{self.layout}"
             name += "" if self.do_distribution is None else f"-do_{self.do_distribution}"
+            name += "" if self.descales is None else f"-descales_{self.descales}"
+            name += "" if self.output_dtype is None else f"-out_{self.output_dtype}"
             object.__setattr__(self, "name", name if self.seed == 0 else f"{name}-s{self.seed}")
+
+    def _check_fp8(self) -> None:
+        """``descales`` and ``output_dtype``: only with FP8 inputs, each a known name."""
+        for key, names in (("descales", DESCALE_KINDS), ("output_dtype", WIDE_DTYPES)):
+            value = getattr(self, key)
+            if value is None:
+                continue
+            if self.dtype not in FP8_DTYPES:
+                raise ValueError(
+                    f"config.{key}={value!r} is allowed only with FP8 dtypes {list(FP8_DTYPES)}"
+                )
+            if not isinstance(value, str) or value not in names:
+                raise ValueError(f"config.{key}={value!r} must be None or one of {list(names)}")
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         """The layouts of q, k, v and o this recipe builds."""
@@ -256,17 +289,18 @@ class Config:
             noise=self.noise,
         )
         with np.errstate(all="ignore"):  # huge or non-finite values in padding are intended
-            q, k, v = (
-                cast_input(a, self.dtype) for a in DISTRIBUTIONS[self.distribution].build(context)
-            )
-        for array in (q, k, v):  # owned and read-only: the case takes them without a copy
-            array.setflags(write=False)
+            if self.dtype in FP8_DTYPES:
+                kinds = (self.descales or "none",) * 3
+                built = fp8_arrays(self.distribution, context)
+                inputs = quantized_inputs(built, self.dtype, kinds, self.Hkv)
+            else:
+                built = DISTRIBUTIONS[self.distribution].build(context)
+                inputs = {n: cast_input(a, self.dtype) for n, a in zip("qkv", built, strict=True)}
+        for name in "qkv":  # owned and read-only: the case takes them without a copy
+            inputs[name].setflags(write=False)
         sink = None if self.sink is None else np.full(self.Hq, self.sink, np.float32)
         return AttentionCase(
-            q,
-            k,
-            v,
-            context.softmax_scale,
+            softmax_scale=context.softmax_scale,
             mask=mask,
             label=f"report:{self.name}",
             softcap=self.softcap,
@@ -274,7 +308,18 @@ class Config:
             page_size=self.page_size,
             num_splits=self.num_splits or 1,
             layout=self.layout or "padded",
+            output_dtype=self.output_dtype,
+            **inputs,
         )
+
+
+_SHORT_DTYPES = {
+    "float16": "fp16",
+    "bfloat16": "bf16",
+    "float32": "fp32",
+    "float8_e4m3fn": "e4m3",
+    "float8_e5m2": "e5m2",
+}
 
 
 @dataclass(frozen=True, eq=False)
@@ -549,6 +594,24 @@ def _crossed() -> list[Config]:
     return [*decode, *half_tile, *uniform, *explicit, *long_decode]
 
 
+def _fp8() -> list[Config]:
+    """FP8 inputs (docs/fp8.md): both formats, the creeping ramp over 16 K blocks of 128 (FA4's
+    saturation trigger) and other families, honest and adversarial descales, a GQA decode,
+    causal and varlen masks, an fp16 output. Kernels without FP8 (or without descales) record
+    them as unsupported."""
+    configs = []
+    for dtype in FP8_DTYPES:
+        configs += [
+            Config(dtype, 64, 128, 2048, Hq=4, Hkv=2, distribution="ramp", descales="amax"),
+            Config(dtype, 128, 256, 1024, mask="causal", distribution="ramp"),
+            Config(dtype, 64, 1, 4096, Hq=8, Hkv=2, distribution="ramp", descales="amax_pow2"),
+            Config(dtype, 64, 200, 300, mask="varlen-causal", B=3, descales="squeezed"),
+            Config(dtype, 64, 64, 512, distribution="large_v", descales="clipping"),
+            Config(dtype, 128, 128, 384, distribution="last_block_spike", output_dtype="float16"),
+        ]
+    return configs
+
+
 def _backward_rows() -> list[Config]:
     """Rows for ``--pass backward|both`` that the rest of the default grid lacks: softmax
     scales 0.5 and 1.0 (a scale applied wrongly in dk), every non-gaussian dO, fp32 inputs, and
@@ -603,6 +666,8 @@ PRESETS: dict[str, Callable[[], list[Config]]] = {
     ),
     # softcap, sinks, paged KV, split-KV and packed varlen (kernels that lack one: unsupported)
     "surface": _surface,
+    # FP8 inputs with descales (kernels that lack them: unsupported)
+    "fp8": _fp8,
     "gpu-long": _long_context,
     "gpu-huge": _huge,
 }

@@ -13,7 +13,8 @@ from hypothesis import event
 from hypothesis import strategies as st
 
 from attention_crossval.kernel.spec import KernelSpec
-from attention_crossval.properties._strategies.scores import DISTRIBUTIONS, BuildContext
+from attention_crossval.properties._strategies.fp8 import drawn_inputs
+from attention_crossval.properties._strategies.scores import BuildContext
 from attention_crossval.properties._strategies.shapes import Shape
 from attention_crossval.reference.case import (
     AttentionCase,
@@ -21,7 +22,6 @@ from attention_crossval.reference.case import (
     default_softmax_scale,
     element_budget,
 )
-from attention_crossval.reference.precision import cast_input
 
 LONG_KINDS = ("decode", "prefill", "varlen", "ramp")
 _PLAIN = ("gaussian", "near_ties", "last_block_spike", "large_v")  # builders needing no padding
@@ -74,11 +74,10 @@ def _long_cases(
         tile_n=spec.tile_n,
         noise=0.0,
     )
-    with np.errstate(all="ignore"):
-        q, k, v = (cast_input(a, dtype) for a in DISTRIBUTIONS[name].build(ctx))
+    inputs, descales = drawn_inputs(draw, name, ctx, spec.descales)
     event(f"long context: {kind}")
-    label = f"dist={name} dtype={dtype} long={kind}-q{Sq}-k{Sk}-h{Hq}/{Hkv}"
-    return AttentionCase(q, k, v, mask=mask, label=label)
+    label = f"dist={name} dtype={dtype}{descales} long={kind}-q{Sq}-k{Sk}-h{Hq}/{Hkv}"
+    return AttentionCase(mask=mask, label=label, **inputs)
 
 
 def long_context_cases(

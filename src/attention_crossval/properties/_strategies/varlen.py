@@ -18,6 +18,7 @@ from hypothesis import event
 from hypothesis import strategies as st
 
 from attention_crossval.kernel.spec import KernelSpec
+from attention_crossval.properties._strategies.fp8 import drawn_inputs
 from attention_crossval.properties._strategies.scores import DISTRIBUTIONS, BuildContext
 from attention_crossval.properties._strategies.shapes import (
     Shape,
@@ -26,7 +27,6 @@ from attention_crossval.properties._strategies.shapes import (
     tile_aware_lengths,
 )
 from attention_crossval.reference.case import AttentionCase, Mask, default_softmax_scale
-from attention_crossval.reference.precision import cast_input
 
 PLAIN = ("gaussian", "ramp", "near_ties", "large_v")  # builders that need no key padding
 
@@ -51,9 +51,9 @@ def _build(
         tile_n=spec.tile_n,
         noise=draw(st.sampled_from([0.0, 0.25, 1.0])),
     )
-    with np.errstate(all="ignore"):  # rounding huge/non-finite padding to 16 bits is intended
-        q, k, v = (cast_input(a, dtype) for a in dist.build(ctx))
-    return AttentionCase(q, k, v, mask=mask, label=f"dist={dist.name} dtype={dtype} {label}")
+    inputs, descales = drawn_inputs(draw, dist.name, ctx, spec.descales)
+    label = f"dist={dist.name} dtype={dtype}{descales} {label}"
+    return AttentionCase(mask=mask, label=label, **inputs)
 
 
 def _causal(draw: st.DrawFn, spec: KernelSpec, causal: bool | None) -> bool:
