@@ -133,6 +133,48 @@ def test_fp8_kernel_under_the_interpreter() -> None:
     assert lines[-1].startswith("max bf16 ulps") and float(lines[-1].split()[-1]) <= 1.0, lines
 
 
+# Triton's names of the FP8 formats: pointer types of the signature and PTX operand types.
+_TRITON_FP8 = {"float8_e4m3fn": ("fp8e4nv", "e4m3"), "float8_e5m2": ("fp8e5", "e5m2")}
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("dtype", sorted(_TRITON_FP8))
+def test_fp8_kernel_compiles_to_fp8_wgmma_for_sm90(dtype: str) -> None:
+    """Compiled for sm_90 without a GPU (Triton's ahead-of-time path, its bundled ptxas): both
+    dots are FP8 WGMMAs (Q K^T over D in k32 steps, P V over the keys), not the fp16
+    ``mma.sync`` Triton falls back to when asked for a fully fp32 accumulation, and P is
+    converted with ``cvt.rn.satfinite``."""
+    import re
+
+    pytest.importorskip("triton", reason="triton is not installed")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.compiler import compile as triton_compile
+
+    from attention_crossval.kernel.broken._triton_fp8_kernel import attention_fp8_fwd
+
+    name, ptx_type = _TRITON_FP8[dtype]
+    offset, threshold = FIXED[dtype]
+    constants = dict(
+        MAX_OFFSET=offset, THRESHOLD=threshold, P_MAX=fp8_max(dtype), CAUSAL=True,
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D=128,
+    )  # fmt: skip
+    pointers = dict.fromkeys(("Q", "K", "VT"), f"*{name}") | {"O": "*bf16", "L": "*fp32"}
+    pointers |= dict.fromkeys(("QLEN", "KLEN"), "*i32")
+    pointers |= dict.fromkeys(("Q_DESCALE", "K_DESCALE", "V_DESCALE"), "*fp32")
+    signature = {
+        arg: "constexpr" if arg in constants else pointers.get(arg, "i32")
+        for arg in attention_fp8_fwd.arg_names
+    } | {"scale_log2": "fp32"}
+    source = ASTSource(fn=attention_fp8_fwd, signature=signature, constexprs=constants)
+    ptx = triton_compile(source, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+    wgmma = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(\S+?);?\s", ptx))
+    both = f"f32.{ptx_type}.{ptx_type}"
+    assert wgmma == {f"m64n{BLOCK_N}k32.{both}", f"m64n128k32.{both}"}, wgmma
+    assert "mma.sync" not in ptx
+    assert f"cvt.rn.satfinite.{ptx_type}x2.f32" in ptx
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_fa4_constants_are_caught_on_the_gpu(causal: bool) -> None:

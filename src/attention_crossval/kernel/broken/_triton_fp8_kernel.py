@@ -17,16 +17,18 @@ MAX_OFFSET ln 2``: the streaming tier's order of operations (reference/streaming
 unclamped value: FA4's e4m3 bug (8 + 4 > log2(448)).
 
 V arrives transposed, ``[B, Hkv, D, keys]`` with the keys contiguous: an FP8 WGMMA on sm_90 reads
-its B operand K-major only, and the reduction axis of ``P V`` is the keys. Both dots pass
-``max_num_imprecise_acc=0``: Triton then adds every WGMMA's partial sum into a float32
-accumulator, instead of letting the tensor core's narrower FP8 accumulator run across the
-whole head dimension (S) and every key block (O), which Triton's sm_90 default does.
+its B operand K-major only, and the reduction axis of ``P V`` is the keys (with V's head dim
+contiguous Triton still emits the FP8 WGMMA, after transposing V through registers). Both dots
+pass ``max_num_imprecise_acc=32``: Triton adds every WGMMA's partial sum (32 products) into a
+float32 accumulator, instead of letting the tensor core's narrower FP8 accumulation run across
+the whole head dimension (S) and every key block (O), its sm_90 default. Below 32 Triton gives
+up the FP8 WGMMA for fp16 ``mma.sync`` on upcast operands.
 """
 
 import triton
 import triton.language as tl
 
-LN_2: tl.constexpr = 0.6931471805599453
+LN_2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
@@ -96,7 +98,7 @@ def attention_fp8_fwd(
             mask=cols[:, None] < k_len,
             other=0.0,
         )
-        s = tl.dot(q, tl.trans(k), max_num_imprecise_acc=0)  # S = Q K^T (fp32)
+        s = tl.dot(q, tl.trans(k), max_num_imprecise_acc=32)  # S = Q K^T (fp32)
         seen = cols[None, :] < k_len
         if CAUSAL:
             seen = seen & (cols[None, :] <= rows[:, None] + (k_len - q_len))
@@ -113,7 +115,7 @@ def attention_fp8_fwd(
             other=0.0,
         )
         p8 = tl.minimum(p, P_MAX).to(VT.dtype.element_ty)  # satfinite: clamp, then round (RNE)
-        acc = tl.dot(p8, tl.trans(vt), acc * alpha[:, None], max_num_imprecise_acc=0)
+        acc = tl.dot(p8, tl.trans(vt), acc * alpha[:, None], max_num_imprecise_acc=32)
         m_i = m_new
     empty = l_i == 0.0
     o = acc / tl.where(empty, 1.0, l_i)[:, None] * tl.load(V_DESCALE + b * Hkv + kh)
