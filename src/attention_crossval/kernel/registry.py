@@ -47,6 +47,10 @@ BUILTIN: dict[str, tuple[str, str | tuple[str, ...] | None]] = {
         "attention_crossval.kernel.adapters.own_sm100:create",
         OWN_KERNEL_MODULES,
     ),  # compile-only: no SM100 here
+    # a small Triton FP8 forward (kernel/broken/triton_fp8.py): constants that never clamp P,
+    # and FA4's e4m3 constants, which do (a fixture the suite must fail)
+    "triton-fp8": ("attention_crossval.kernel.broken.triton_fp8:fixed", "triton"),
+    "triton-fp8-fa4": ("attention_crossval.kernel.broken.triton_fp8:fa4_constants", "triton"),
 }
 # Built-ins that run in the caller's process unless told otherwise: project code with no native
 # part that could crash or hang (the streaming tier); every other kernel gets a worker process.
@@ -58,7 +62,10 @@ BACKWARD_VARIANTS = frozenset({"flash-attn-cute-deterministic"})
 # neither fails on them nor vouches for them. A built-in leaves this set after its first GPU run
 # (own-sm90-full did: its kernel suite passed on the H200, docs/results-h200.md). own-sm100,
 # never run, is kept out of the defaults on other GPUs by REQUIRED_COMPUTE_MAJOR instead.
-NEVER_RUN: frozenset[str] = frozenset()
+NEVER_RUN: frozenset[str] = frozenset({"triton-fp8"})
+# Built-ins that are deliberately broken: fixtures a suite must fail, reachable with --kernel
+# only, never in the defaults.
+BROKEN_FIXTURES = frozenset({"triton-fp8-fa4"})
 # Built-ins that run on one GPU generation only (compute capability major): left out of the
 # defaults on other GPUs, where they would decline every case; still reachable with --kernel.
 REQUIRED_COMPUTE_MAJOR = {"own-sm100": 10}
@@ -148,11 +155,14 @@ def available(names: tuple[str, ...] = tuple(BUILTIN)) -> list[str]:
 def default_kernels(has_gpu: bool, *, backward: bool = False) -> list[str]:
     """What ``--kernel`` means when not given: every available GPU adapter that can run on
     this GPU (see :data:`REQUIRED_COMPUTE_MAJOR`; the :data:`BACKWARD_VARIANTS` only for the
-    backward; never the :data:`NEVER_RUN` ones), else the CPU one."""
+    backward; never the :data:`NEVER_RUN` nor the :data:`BROKEN_FIXTURES` ones), else the CPU
+    one."""
     if not has_gpu:
         return ["streaming-fa"]
     names = [
-        name for name in available(GPU_BUILTIN) if name not in NEVER_RUN and _runs_on_this_gpu(name)
+        name
+        for name in available(GPU_BUILTIN)
+        if name not in NEVER_RUN | BROKEN_FIXTURES and _runs_on_this_gpu(name)
     ]
     return [name for name in names if backward or name not in BACKWARD_VARIANTS]
 

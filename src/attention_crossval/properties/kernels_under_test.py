@@ -17,6 +17,7 @@ from attention_crossval.kernel.gpu_workers import cuda_available
 from attention_crossval.kernel.isolation import IsolatedKernel
 from attention_crossval.kernel.registry import (
     BACKWARD_VARIANTS,
+    BROKEN_FIXTURES,
     GPU_BUILTIN,
     IN_PROCESS,
     NEVER_RUN,
@@ -78,7 +79,9 @@ def chosen_kernels(config: pytest.Config, *, backward: bool = False) -> list[str
     if chosen:
         return list(dict.fromkeys(chosen))
     listed = [
-        n for n in GPU_BUILTIN if (backward or n not in BACKWARD_VARIANTS) and n not in NEVER_RUN
+        n
+        for n in GPU_BUILTIN
+        if (backward or n not in BACKWARD_VARIANTS) and n not in NEVER_RUN | BROKEN_FIXTURES
     ]
     gpus = default_kernels(has_gpu=True, backward=backward) or listed
     return gpus if cuda_available()[0] else [*gpus, *default_kernels(has_gpu=False)]

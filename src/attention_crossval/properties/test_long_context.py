@@ -223,21 +223,12 @@ def test_mask_without_rows_is_empty_everywhere() -> None:
 
 
 # Run by Triton's interpreter (TRITON_INTERPRET=1, NumPy on the CPU) in a fresh process: the
-# variable must be set before the kernel module is imported. Triton 3.6's interpreter turns a
-# loop bound into an int with int() of a 1-element array, which NumPy >= 2.4 refuses; the script
-# patches that one conversion.
+# variable must be set before the kernel module is imported, and the interpreter's fixes
+# (properties/triton_interpreter.py) applied.
 _INTERPRETED = """
-from triton.runtime import interpreter
+from attention_crossval.properties.triton_interpreter import patch_interpreter
 
-_patch = interpreter._patch_lang_tensor
-
-
-def _patched(tensor, scope):
-    _patch(tensor, scope)
-    scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-
-interpreter._patch_lang_tensor = _patched
+patch_interpreter()
 
 from attention_crossval.kernel.broken.triton_fa import correct, late_rescale
 from attention_crossval.kernel.harness import run_case

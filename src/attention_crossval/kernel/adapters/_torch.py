@@ -26,10 +26,17 @@ _GUARD_BITS = {"float16": 0x7E5A, "bfloat16": 0x7FDA, "float32": 0x7FC0A5A5}
 _INT_VIEW = {"float16": "int16", "bfloat16": "int16", "float32": "int32"}
 
 
+# Input dtypes NumPy holds as ml_dtypes types that torch.from_numpy refuses: moved as their
+# bits (an unsigned int of the same width), then viewed as the torch dtype of the same name.
+_BIT_VIEWS = {"bfloat16": np.uint16, "float8_e4m3fn": np.uint8, "float8_e5m2": np.uint8}
+
+
 def torch_dtype(name: str) -> Any:
     import torch
 
-    return {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}[name]
+    if name not in (*_BIT_VIEWS, "float16", "float32"):
+        raise ValueError(f"dtype={name!r} has no torch dtype here")
+    return getattr(torch, name)
 
 
 def _dtype_name(tensor: Any) -> str:
@@ -41,12 +48,12 @@ def to_device(array: np.ndarray, device: str = "cuda", *, guard: int = GUARD) ->
     import torch
 
     name = array.dtype.name
-    host = np.ascontiguousarray(array.view(np.uint16) if name == "bfloat16" else array)
+    host = np.ascontiguousarray(array.view(_BIT_VIEWS[name]) if name in _BIT_VIEWS else array)
     with warnings.catch_warnings():  # a read-only case array: copy_ below only reads it
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         source = torch.from_numpy(host)  # no host copy: a 4 GiB K is copied once, to the device
-    if name == "bfloat16":
-        source = source.view(torch.bfloat16)
+    if name in _BIT_VIEWS:
+        source = source.view(torch_dtype(name))
     B, S, H, X = array.shape
     buf = torch.full((B, S + 2 * guard, H, X), float("nan"), dtype=source.dtype, device=device)
     view = buf[:, guard : guard + S]
@@ -210,7 +217,7 @@ class GuardedOutputsAdapter:
         if case.layout == "packed":
             total_q = q.shape[0]
             out = GuardedOutput.allocate(
-                (total_q, case.Hq, case.Dv), case.dtype, axis=0, prefill=prefill, device=device
+                (total_q, case.Hq, case.Dv), case.out_dtype, axis=0, prefill=prefill, device=device
             )
             lse = GuardedOutput.allocate(
                 (case.Hq, total_q), "float32", axis=1, prefill=prefill, device=device
@@ -218,7 +225,7 @@ class GuardedOutputsAdapter:
         else:
             out = GuardedOutput.allocate(
                 (case.B, case.Sq, case.Hq, case.Dv),
-                case.dtype,
+                case.out_dtype,
                 axis=1,
                 prefill=prefill,
                 device=device,
