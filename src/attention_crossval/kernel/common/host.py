@@ -44,10 +44,8 @@ def fake_arguments(
     ``fp8`` (the SM90 kernel's FP8 inputs): v has unit stride along S instead of D (keys
     contiguous, as the FP8 WGMMA reads V), o is bfloat16, and three float32 ``[B, Hkv]``
     descales go last (the other trailing arguments None where off)."""
-    from cutlass import Int32
+    from cutlass import BFloat16, Int32
     from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
-
-    from cutlass import BFloat16
 
     def qkv(element: type = dtype, unit_stride_dim: int = 3) -> object:
         shape = tuple(cute.sym_int() for _ in range(4))
