@@ -38,6 +38,8 @@ BUILTIN: dict[str, tuple[str, str | None]] = {
     "own-sm90": ("attention_crossval.kernel.adapters.own_sm90:create", "cutlass"),
     # the same kernel declaring GQA, varlen and windows (run on the H200)
     "own-sm90-full": ("attention_crossval.kernel.adapters.own_sm90:create_full", "cutlass"),
+    # its FP8 forward (e4m3/e5m2, descales, bf16 out); never run yet: see NEVER_RUN
+    "own-sm90-fp8": ("attention_crossval.kernel.adapters.own_sm90_fp8:create", "cutlass"),
     "own-sm100": (
         "attention_crossval.kernel.adapters.own_sm100:create",
         "cutlass",
@@ -51,9 +53,10 @@ GPU_BUILTIN = tuple(name for name in BUILTIN if name != "streaming-fa")
 BACKWARD_VARIANTS = frozenset({"flash-attn-cute-deterministic"})
 # Built-ins compiled but never run on a GPU: reachable with --kernel only, so a default GPU run
 # neither fails on them nor vouches for them. A built-in leaves this set after its first GPU run
-# (own-sm90-full did: its kernel suite passed on the H200, docs/results-h200.md). own-sm100,
+# (own-sm90-full did: its kernel suite passed on the H200, docs/results-h200.md; own-sm90-fp8,
+# compiled for sm_90a only, waits for its first). own-sm100,
 # never run, is kept out of the defaults on other GPUs by REQUIRED_COMPUTE_MAJOR instead.
-NEVER_RUN: frozenset[str] = frozenset()
+NEVER_RUN: frozenset[str] = frozenset({"own-sm90-fp8"})
 # Built-ins that run on one GPU generation only (compute capability major): left out of the
 # defaults on other GPUs, where they would decline every case; still reachable with --kernel.
 REQUIRED_COMPUTE_MAJOR = {"own-sm100": 10}

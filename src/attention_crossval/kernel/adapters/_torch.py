@@ -26,10 +26,21 @@ _GUARD_BITS = {"float16": 0x7E5A, "bfloat16": 0x7FDA, "float32": 0x7FC0A5A5}
 _INT_VIEW = {"float16": "int16", "bfloat16": "int16", "float32": "int32"}
 
 
+# FP8 inputs' NaN guard byte (0x7F: a NaN in both formats) and torch dtype names.
+_FP8_NAN = 0x7F
+_FP8 = ("float8_e4m3fn", "float8_e5m2")
+
+
 def torch_dtype(name: str) -> Any:
     import torch
 
-    return {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}[name]
+    return {
+        "float16": torch.float16,
+        "bfloat16": torch.bfloat16,
+        "float32": torch.float32,
+        "float8_e4m3fn": torch.float8_e4m3fn,
+        "float8_e5m2": torch.float8_e5m2,
+    }[name]
 
 
 def _dtype_name(tensor: Any) -> str:
@@ -41,14 +52,20 @@ def to_device(array: np.ndarray, device: str = "cuda", *, guard: int = GUARD) ->
     import torch
 
     name = array.dtype.name
-    host = np.ascontiguousarray(array.view(np.uint16) if name == "bfloat16" else array)
+    # ml_dtypes arrays (bf16, FP8) travel as their bits and are viewed as torch's dtype.
+    bits = {"bfloat16": np.uint16, **dict.fromkeys(_FP8, np.uint8)}.get(name)
+    host = np.ascontiguousarray(array if bits is None else array.view(bits))
     with warnings.catch_warnings():  # a read-only case array: copy_ below only reads it
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         source = torch.from_numpy(host)  # no host copy: a 4 GiB K is copied once, to the device
-    if name == "bfloat16":
-        source = source.view(torch.bfloat16)
+    if bits is not None:
+        source = source.view(torch_dtype(name))
     B, S, H, X = array.shape
-    buf = torch.full((B, S + 2 * guard, H, X), float("nan"), dtype=source.dtype, device=device)
+    shape = (B, S + 2 * guard, H, X)
+    if name in _FP8:  # NaN through the bits: no fill kernel for FP8 needed
+        buf = torch.full(shape, _FP8_NAN, dtype=torch.uint8, device=device).view(source.dtype)
+    else:
+        buf = torch.full(shape, float("nan"), dtype=source.dtype, device=device)
     view = buf[:, guard : guard + S]
     view.copy_(source)
     return view
@@ -187,6 +204,10 @@ class GuardedOutputsAdapter:
     checks: frozenset[str] = GUARDED_CHECKS
     device: str = "cuda"  # "cpu" runs a Triton kernel under TRITON_INTERPRET=1 (tests)
 
+    def output_dtype(self, case: AttentionCase) -> str:
+        """The dtype ``out`` is allocated in: the input's (an FP8 kernel writes bf16)."""
+        return case.dtype
+
     def launch(
         self, case: AttentionCase, q: Any, k: Any, v: Any, out: Any, lse: Any, **layout: Any
     ) -> None:
@@ -210,7 +231,11 @@ class GuardedOutputsAdapter:
         if case.layout == "packed":
             total_q = q.shape[0]
             out = GuardedOutput.allocate(
-                (total_q, case.Hq, case.Dv), case.dtype, axis=0, prefill=prefill, device=device
+                (total_q, case.Hq, case.Dv),
+                self.output_dtype(case),
+                axis=0,
+                prefill=prefill,
+                device=device,
             )
             lse = GuardedOutput.allocate(
                 (case.Hq, total_q), "float32", axis=1, prefill=prefill, device=device
@@ -218,7 +243,7 @@ class GuardedOutputsAdapter:
         else:
             out = GuardedOutput.allocate(
                 (case.B, case.Sq, case.Hq, case.Dv),
-                case.dtype,
+                self.output_dtype(case),
                 axis=1,
                 prefill=prefill,
                 device=device,

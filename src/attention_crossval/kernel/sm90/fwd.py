@@ -580,7 +580,7 @@ class FlashAttentionForwardSm90:
             if cutlass.const_expr(q_descale is not None):
                 # FP8: S of the raw values takes q's and k's descales in its scale; O takes
                 # v's at the normalization (per batch and kv head).
-                scale_log2 = scale_log2 * q_descale[batch, kv_head] * k_descale[batch, kv_head]
+                scale_log2 = scale_log2 * (q_descale[batch, kv_head] * k_descale[batch, kv_head])
                 v_scale = v_descale[batch, kv_head]
 
             if wg_idx == 0:
