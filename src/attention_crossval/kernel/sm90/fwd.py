@@ -116,6 +116,15 @@ window bounds when a case has a window):
 Blocks inside every row's band and below ``seqlen_k`` skip the mask (the unmasked fast path);
 the diagonal, window-edge and last partial blocks are masked.
 
+FP8 inputs (``float8_e4m3fn`` / ``float8_e5m2``; docs/own-kernels.md#own-sm90-fp8-the-fp8-forward):
+both GEMMs are FP8 WGMMAs (k32), so V comes keys-contiguous (unit stride along S, K-major in
+shared memory) and in the key order of :func:`acc_as_fp8_operand_a`
+(kernel/sm90/fp8_layout.py), which the launcher writes; O is bf16; the optional float32
+``[B, Hkv]`` descales fold ``q_descale * k_descale`` into the tile's ``scale_log2`` and
+``v_descale`` into ``1 / row_sum``; ``max_offset_log2`` and ``rescale_threshold_log2`` go to the
+online softmax (kernel/common/softmax.py). Dense path only, without ``smem_epilogue`` or
+``persistent``.
+
 :meth:`FlashAttentionForwardSm90.compile` builds the kernel for sm_90a on fake tensors, so a
 CPU-only machine can compile it and inspect the PTX (properties/test_own_kernels.py). The knobs
 ``num_consumer_wg=1`` and ``tile_n=64`` compile too, but only the adapters' tiles are tested.
