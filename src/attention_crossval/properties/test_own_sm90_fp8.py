@@ -227,3 +227,67 @@ def test_fp8_kernel_refuses_what_it_does_not_do() -> None:
     kernel = FlashAttentionForwardSm90("float8_e4m3fn", 64, False)
     with pytest.raises(ValueError, match="unit stride along S"):  # V as the 16-bit kernel takes it
         compile_on_fake_tensors(kernel, kernel.dtype, "sm_90a")
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("dtype", FP8)
+def test_fp8_inputs_reach_the_device_bit_for_bit_inside_nan_guards(dtype: str) -> None:
+    """``_torch.to_device`` of an FP8 case array: the view holds the same bits (torch's FP8
+    dtype), and the guard bands hold NaN, so a kernel reading past a sequence gets NaN."""
+    torch = pytest.importorskip("torch")
+    import ml_dtypes
+
+    from attention_crossval.kernel.adapters._torch import GUARD, to_device
+
+    rng = np.random.default_rng(0)
+    array = (rng.standard_normal((2, 37, 3, 16)) * 50).astype(getattr(ml_dtypes, dtype))
+    view = to_device(array, "cpu")
+    assert view.dtype == getattr(torch, dtype) and tuple(view.shape) == array.shape
+    assert np.array_equal(view.view(torch.uint8).numpy(), array.view(np.uint8))
+    buf = view.as_strided((2, 37 + 2 * GUARD, 3, 16), view.stride(), 0)
+    guards = torch.cat([buf[:, :GUARD], buf[:, GUARD + 37 :]], dim=1)
+    assert bool(guards.float().isnan().all())
+
+
+@pytest.mark.cpu
+def test_own_sm90_fp8_adapter_declares_and_hands_over_the_fp8_case() -> None:
+    """``own-sm90-fp8`` declares FP8 with descales and the fixed constants' chain per format
+    (FA4's through ``create_fa4``, its e4m3 chain the one that can saturate); its output is bf16
+    (another output dtype is refused by name), and a case's descales reach the kernel as float32
+    ``[B, Hkv]``, ones where it has none. Needs the FP8 case model (issue 24's CPU half)."""
+    torch = pytest.importorskip("torch")
+    import ml_dtypes
+
+    from attention_crossval.reference.case import INPUT_DTYPES, AttentionCase
+
+    if FP8[0] not in INPUT_DTYPES:
+        pytest.skip("the case model has no FP8 inputs yet (issue 24's CPU half)")
+    from attention_crossval.kernel.adapters.own_sm90_fp8 import (
+        create,
+        create_fa4,
+        descale_tensors,
+    )
+    from attention_crossval.kernel.registry import NEVER_RUN, resolve
+
+    adapter, fa4 = resolve("own-sm90-fp8"), create_fa4()
+    assert "own-sm90-fp8" in NEVER_RUN and type(adapter) is type(create())
+    for spec, fixed in ((adapter.spec, True), (fa4.spec, False)):
+        assert spec.dtypes == set(FP8) and spec.descales and spec.gqa
+        for dtype in FP8:
+            chain = spec.precision_for(dtype)
+            assert chain.p_dtype == dtype and chain.output_dtype == "bfloat16"
+            want = CONSTANTS[f"fixed-{PTX_NAME[dtype]}" if fixed else "fa4"]
+            assert (chain.max_offset_log2, chain.rescale_threshold_log2) == want
+            assert chain.can_saturate == (not fixed and dtype == FP8[0])
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2, 8, 2, 64)).astype(ml_dtypes.float8_e4m3fn)
+    k_descale = np.array([[0.5, 2.0], [1.0, 0.25]], np.float32)
+    case = AttentionCase(q=x, k=x, v=x, k_descale=k_descale)
+    assert adapter.output_dtype(case) == "bfloat16"
+    q_d, k_d, v_d = descale_tensors(case, "cpu")
+    assert all(t.dtype == torch.float32 and tuple(t.shape) == (2, 2) for t in (q_d, k_d, v_d))
+    assert bool((q_d == 1).all()) and bool((v_d == 1).all())
+    assert np.array_equal(k_d.numpy(), k_descale)
+    other = AttentionCase(q=x, k=x, v=x, output_dtype="float32")
+    with pytest.raises(ValueError, match="output_dtype"):
+        adapter.output_dtype(other)

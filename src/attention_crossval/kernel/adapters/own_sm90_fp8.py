@@ -105,7 +105,7 @@ def descale_tensors(case: AttentionCase, device: Any) -> tuple[Any, Any, Any]:
 
     ones = np.ones((case.B, case.Hkv), np.float32)
     return tuple(
-        torch.as_tensor(np.asarray(ones if d is None else d, np.float32), device=device)
+        torch.from_numpy(np.array(ones if d is None else d, np.float32)).to(device)  # a copy
         for d in (case.q_descale, case.k_descale, case.v_descale)
     )
 
