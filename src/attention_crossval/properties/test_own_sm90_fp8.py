@@ -212,8 +212,8 @@ def test_fp8_kernel_compiles_to_fp8_wgmma(
 @pytest.mark.cpu
 @needs_cutlass
 def test_fp8_kernel_refuses_what_it_does_not_do() -> None:
-    """FP8 with smem_epilogue or persistent, an offset or threshold outside [0, 64), and a V
-    that is not keys-contiguous: a ValueError that names the rule."""
+    """FP8 with smem_epilogue or persistent, an offset or threshold outside [0, 64), a V that
+    is not keys-contiguous, and per-batch lengths: a ValueError that names the rule."""
     from attention_crossval.kernel.common.host import compile_on_fake_tensors
     from attention_crossval.kernel.sm90.fwd import FlashAttentionForwardSm90
 
@@ -227,6 +227,8 @@ def test_fp8_kernel_refuses_what_it_does_not_do() -> None:
     kernel = FlashAttentionForwardSm90("float8_e4m3fn", 64, False)
     with pytest.raises(ValueError, match="unit stride along S"):  # V as the 16-bit kernel takes it
         compile_on_fake_tensors(kernel, kernel.dtype, "sm_90a")
+    with pytest.raises(ValueError, match="dense path only"):  # lengths: the varlen path
+        compile_on_fake_tensors(kernel, kernel.dtype, "sm_90a", varlen=True, fp8=True)
 
 
 @pytest.mark.cpu
