@@ -6,18 +6,24 @@ Run from the repository root with CuTe DSL importable (docs/gpu.md):
 ``PYTHONPATH=$PWD/src:$PWD python scripts/gpu/own_sm90_fp8_check.py``.
 
 Cases: e4m3 and e5m2, D = 64 and 128, causal or not, GQA once, lengths off the tile edges, and a
-slow max ramp over 64 key blocks (the row max creeps up by about half a log2 unit per block, so
-with a rescale threshold the stale max is kept for several blocks: FA4's trigger). Inputs are
+slow max ramp over 64 key blocks (logits of std 2 whose row max creeps up block after block, by
+less than the rescale threshold: FA4's trigger). Inputs are
 randn quantized per (batch, kv head) with amax scaling, as real quantizers do; the descales go
 to the kernel. Each case runs with the fixed constants (``own-sm90-fp8``) and with FA4's.
 
-The bound column is a simple one for a chain in which nothing clamps (not the project's
-rigorous bound, which the kernel suite checks): the row sum is at least ``2^max_offset``, each P
-is rounded with relative error ``u`` (2^-4 e4m3, 2^-3 e5m2) or, below the format's smallest
-normal, absolute error half its subnormal spacing, O is rounded to bf16 (2^-8), plus 2^-10 for
-fp32 accumulation and ``ex2.approx``; all times ``max |v|``:
-``(u + Sk * spacing / 2 / 2^offset + 2^-8 + 2^-10) * max |v|``. ``ratio`` above 1 is a
-failure; FA4's constants should exceed it on e4m3 rows whose max creeps (P clamped at 448).
+The bound is a simple one per output element for a chain in which nothing clamps (not the
+project's rigorous bound, which the kernel suite checks). The row sum adds the unrounded P and
+is at least ``2^max_offset``. Each P entering ``P V`` is rounded with relative error ``u``
+(2^-4 e4m3, 2^-3 e5m2) or, below the format's smallest normal, absolute error half its
+subnormal spacing. O is rounded to bf16 (2^-8), plus 2^-10 for fp32 accumulation and
+``ex2.approx``. With ``a = softmax(S) |V|`` (the weights' mean of ``|v|``):
+``(u + 2^-10) a + 2^-8 |O| + Sk * spacing / 2 / 2^offset * max |v|``. ``ratio`` is the largest
+error / bound over the elements; above 1 is a failure. FA4's constants should exceed it on e4m3
+rows whose stale max lets P clamp at 448: the dominant keys lose weight, which ``a`` does not
+allow. The CPU half's streaming emulation of both chains on these very cases (block 128; its
+``RescaleTrace`` counting clamped P) gave ratios of at most 0.57 with the fixed constants, and
+1.3 to 5.9 with FA4's on the five e4m3 cases where P clamps (0.57 on the one with empty rows,
+which clamps nothing; e5m2 never clamps). The kernel should land near those figures.
 Lines starting with ``fp8`` are the result.
 """
 
@@ -56,9 +62,9 @@ def quantize(x: torch.Tensor, fmt: str, Hkv: int) -> tuple[torch.Tensor, torch.T
     return (x / per_head).to(TORCH_FP8[fmt]), descale
 
 
-def reference(q, k, v, descales, scale: float, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """float64 O and natural-log LSE of the dequantized inputs; bottom-right causal; empty rows
-    O = 0, LSE = -inf."""
+def reference(q, k, v, descales, scale: float, causal: bool) -> tuple[torch.Tensor, ...]:
+    """float64 O, natural-log LSE and ``softmax(S) |V|`` of the dequantized inputs;
+    bottom-right causal; empty rows O = 0, LSE = -inf."""
     Hq, Hkv = q.shape[2], k.shape[2]
     deq = []
     for x, d in zip((q, k, v), descales, strict=True):
@@ -75,7 +81,7 @@ def reference(q, k, v, descales, scale: float, causal: bool) -> tuple[torch.Tens
     lse = torch.logsumexp(s, dim=-1)  # [B, H, Sq]
     p = torch.exp(s - torch.where(torch.isinf(lse), 0.0, lse)[..., None])
     o = torch.einsum("bhqk,bkhd->bqhd", p, vd)
-    return o, lse
+    return o, lse, torch.einsum("bhqk,bkhd->bqhd", p, vd.abs())
 
 
 def make_case(fmt, B, Sq, Sk, Hq, Hkv, D, causal, ramp: bool):
@@ -84,9 +90,10 @@ def make_case(fmt, B, Sq, Sk, Hq, Hkv, D, causal, ramp: bool):
     k = torch.randn(B, Sk, Hkv, D, device="cuda", generator=g)
     v = torch.randn(B, Sk, Hkv, D, device="cuda", generator=g)
     scale = D**-0.5
-    if ramp:  # q . k gains ~0.45 log2 units per 128-key block through dimension 0
-        q[..., 0] = 8.0
-        step = 0.45 / (8.0 * scale * LOG2_E)
+    if ramp:  # logits of std 2, and q . k gaining 0.05 log2 units per 128-key block
+        q *= 2.0
+        q[..., 0] = 2.0
+        step = 0.05 / (2.0 * scale * LOG2_E)
         k[..., 0] = (torch.arange(Sk, device="cuda") // 128).float()[None, :, None] * step
     (qq, qd), (kq, kd), (vq, vdesc) = (quantize(x, fmt, Hkv) for x in (q, k, v))
     return qq, kq, vq, (qd, kd, vdesc), scale
@@ -94,7 +101,7 @@ def make_case(fmt, B, Sq, Sk, Hq, Hkv, D, causal, ramp: bool):
 
 def check(name, fmt, B, Sq, Sk, Hq, Hkv, D, causal, ramp=False) -> None:
     q, k, v, descales, scale = make_case(fmt, B, Sq, Sk, Hq, Hkv, D, causal, ramp)
-    o_ref, lse_ref = reference(q, k, v, descales, scale, causal)
+    o_ref, lse_ref, weighted_abs_v = reference(q, k, v, descales, scale, causal)
     vmax = (v.double().abs().amax(dim=(1, 3)) * descales[2].double()).max().item()
     for label, constants in (("fixed", FIXED_CONSTANTS), ("fa4", FA4_CONSTANTS)):
         offset, threshold = constants[fmt]
@@ -114,16 +121,17 @@ def check(name, fmt, B, Sq, Sk, Hq, Hkv, D, causal, ramp=False) -> None:
         call()
         end.record()
         torch.cuda.synchronize()
-        err = (out.double() - o_ref).abs().max().item()
+        err = (out.double() - o_ref).abs()
         finite = torch.isfinite(lse_ref)
         lse_err = (lse.double() - lse_ref)[finite].abs().max().item()
         lse_bad = bool((lse[~finite] != -math.inf).any())
-        spacing = SUBNORMAL_SPACING[fmt] * Sk / 2 / 2.0**offset
-        bound = (UNIT[fmt] + spacing + 2.0**-8 + 2.0**-10) * vmax
-        verdict = "ok" if err <= bound and lse_err < 1e-3 and not lse_bad else "FAIL"
+        subnormal = SUBNORMAL_SPACING[fmt] * Sk / 2 / 2.0**offset * vmax
+        bound = (UNIT[fmt] + 2.0**-10) * weighted_abs_v + 2.0**-8 * o_ref.abs() + subnormal
+        ratio = (err / bound).max().item()
+        verdict = "ok" if ratio <= 1 and lse_err < 1e-3 and not lse_bad else "FAIL"
         print(
             f"fp8 {name:<28} {fmt:<13} {label:<5} off={offset:g} thr={threshold:g} "
-            f"max|dO|={err:.3e} bound={bound:.3e} ratio={err / bound:6.3f} "
+            f"max|dO|={err.max().item():.3e} ratio={ratio:6.3f} "
             f"max|dLSE|={lse_err:.2e}{' LSE!=-inf on empty rows' if lse_bad else ''} "
             f"{start.elapsed_time(end):.3f} ms {verdict}",
             flush=True,
