@@ -29,6 +29,9 @@ _INT_VIEW = {"float16": "int16", "bfloat16": "int16", "float32": "int32"}
 # Input dtypes NumPy holds as ml_dtypes types that torch.from_numpy refuses: moved as their
 # bits (an unsigned int of the same width), then viewed as the torch dtype of the same name.
 _BIT_VIEWS = {"bfloat16": np.uint16, "float8_e4m3fn": np.uint8, "float8_e5m2": np.uint8}
+# FP8 buffers are filled with a NaN byte (0x7F: a NaN in both formats).
+_FP8_NAN = 0x7F
+_FP8 = ("float8_e4m3fn", "float8_e5m2")
 
 
 def torch_dtype(name: str) -> Any:
@@ -55,7 +58,11 @@ def to_device(array: np.ndarray, device: str = "cuda", *, guard: int = GUARD) ->
     if name in _BIT_VIEWS:
         source = source.view(torch_dtype(name))
     B, S, H, X = array.shape
-    buf = torch.full((B, S + 2 * guard, H, X), float("nan"), dtype=source.dtype, device=device)
+    shape = (B, S + 2 * guard, H, X)
+    if name in _FP8:  # NaN through the bits: no fill kernel for FP8 needed
+        buf = torch.full(shape, _FP8_NAN, dtype=torch.uint8, device=device).view(source.dtype)
+    else:
+        buf = torch.full(shape, float("nan"), dtype=source.dtype, device=device)
     view = buf[:, guard : guard + S]
     view.copy_(source)
     return view

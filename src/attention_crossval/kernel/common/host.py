@@ -30,6 +30,7 @@ def fake_arguments(
     window: bool = False,
     max_ctas: int | None = None,
     env_stream: bool = False,
+    fp8: bool = False,
 ) -> tuple:
     """The arguments an own kernel compiles on without a GPU, typed like the adapters' runtime
     ones: q, k, v, o of ``dtype`` with every extent and stride dynamic but D's unit stride (as
@@ -40,14 +41,18 @@ def fake_arguments(
     ``varlen`` / ``window`` add the trailing arguments such a kernel takes: the per-batch int32
     lengths ``seqused_q`` / ``seqused_k`` and the ``Int32`` window bounds (None when off).
     ``max_ctas`` (a kernel that takes it: the SM90 kernel's persistent grid cap) goes after them
-    as an ``Int32``, the lengths and bounds then passed as None where off."""
-    from cutlass import Int32
+    as an ``Int32``, the lengths and bounds then passed as None where off.
+
+    ``fp8`` (the SM90 kernel's FP8 inputs): v has unit stride along S instead of D (keys
+    contiguous, as the FP8 WGMMA reads V), o is bfloat16, and three float32 ``[B, Hkv]``
+    descales go last (the other trailing arguments None where off)."""
+    from cutlass import BFloat16, Int32
     from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
-    def qkv() -> object:
+    def qkv(element: type = dtype, unit_stride_dim: int = 3) -> object:
         shape = tuple(cute.sym_int() for _ in range(4))
-        strides = tuple(cute.sym_int64() for _ in range(3)) + (1,)
-        return make_fake_tensor(dtype, shape, strides, assumed_align=16)
+        strides = tuple(1 if i == unit_stride_dim else cute.sym_int64() for i in range(4))
+        return make_fake_tensor(element, shape, strides, assumed_align=16)
 
     lse = make_fake_tensor(
         Float32,
@@ -56,16 +61,23 @@ def fake_arguments(
         assumed_align=4,
     )
     stream = make_fake_stream(use_tvm_ffi_env_stream=env_stream)
-    args: tuple = (qkv(), qkv(), qkv(), qkv(), lse, Float32(LOG2_E), stream)
-    if varlen or window or max_ctas is not None:
+    v = qkv(unit_stride_dim=1) if fp8 else qkv()
+    o = qkv(BFloat16) if fp8 else qkv()
+    args: tuple = (qkv(), qkv(), v, o, lse, Float32(LOG2_E), stream)
+    if varlen or window or max_ctas is not None or fp8:
         lengths = [
             make_fake_tensor(Int32, (cute.sym_int(),), (1,), assumed_align=4) if varlen else None
             for _ in range(2)
         ]
         bounds = [Int32(0) if window else None] * 2
         args += (*lengths, *bounds)
-    if max_ctas is not None:
-        args += (Int32(max_ctas),)
+    if max_ctas is not None or fp8:
+        args += (None if max_ctas is None else Int32(max_ctas),)
+    if fp8:
+        args += tuple(
+            make_fake_tensor(Float32, (cute.sym_int(), cute.sym_int()), (cute.sym_int64(), 1))
+            for _ in range(3)
+        )
     return args
 
 
@@ -79,9 +91,10 @@ def compile_on_fake_tensors(
     window: bool = False,
     max_ctas: int | None = None,
     tvm_ffi: bool = False,
+    fp8: bool = False,
 ) -> object:
     """``cute.compile`` of ``kernel`` for ``arch`` (e.g. ``sm_90a``) on :func:`fake_arguments`
-    (``varlen``, ``window`` and ``max_ctas`` as there). Never touches a GPU; with ``arch``
+    (``varlen``, ``window``, ``max_ctas`` and ``fp8`` as there). Never touches a GPU; with ``arch``
     ``--gpu-arch`` is passed, so it does not depend on ``CUTE_DSL_ARCH`` (None: the DSL's
     choice, ``CUTE_DSL_ARCH`` or the GPU's).
 
@@ -90,7 +103,7 @@ def compile_on_fake_tensors(
     directly, every parameter positional but the stream, and checks each tensor's dtype, rank,
     device, unit D stride and 16-byte alignment (4 for lse and lengths) in C++."""
     args = fake_arguments(
-        dtype, varlen=varlen, window=window, max_ctas=max_ctas, env_stream=tvm_ffi
+        dtype, varlen=varlen, window=window, max_ctas=max_ctas, env_stream=tvm_ffi, fp8=fp8
     )
     flags = [f"--gpu-arch={arch}" if arch else "", "--enable-tvm-ffi" if tvm_ffi else "", options]
     return cute.compile(kernel, *args, options=" ".join(flag for flag in flags if flag))

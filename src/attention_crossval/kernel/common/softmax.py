@@ -24,6 +24,16 @@ chain of 32 dependent ``max`` or ``add`` instructions per row would sit on the c
 between the two GEMMs. The max is exact in any order; the sum's order is one more way of adding
 positive terms, which the derived bound covers (docs/numerics.md, section 4: the bound holds for
 every summation order).
+
+Two compile-time options an FP8 kernel needs (both 0 by default, and then they emit nothing):
+
+* ``max_offset_log2``: ``p_j = exp2(s_j * scale_log2 - m_new * scale_log2 + max_offset_log2)``,
+  P scaled by ``2^max_offset`` into the FP8 range before its conversion; ``l`` carries the same
+  factor, so ``O / l`` cancels it, and the LSE subtracts it.
+* ``rescale_threshold_log2``: the lazy rescale. The running max is raised only when the block's
+  max exceeds it by more than this many log2 units (``(m_blk - m) * scale_log2 > threshold``);
+  otherwise the stale max stays and ``alpha = 1``, so ``p`` can reach
+  ``2^(threshold + max_offset)``.
 """
 
 from __future__ import annotations
@@ -58,17 +68,28 @@ def reduce_row(values: list, combine: Callable) -> object:
 class OnlineSoftmax:
     """Running row max and row sum for the ``num_rows`` rows one thread holds."""
 
-    def __init__(self, num_rows: int, threads_per_row: int, scale_log2: Float32) -> None:
+    def __init__(
+        self,
+        num_rows: int,
+        threads_per_row: int,
+        scale_log2: Float32,
+        *,
+        max_offset_log2: float = 0.0,
+        rescale_threshold_log2: float = 0.0,
+    ) -> None:
         self.num_rows = num_rows
         self.threads_per_row = threads_per_row
         self.scale_log2 = scale_log2
+        self.max_offset_log2 = max_offset_log2
+        self.rescale_threshold_log2 = rescale_threshold_log2
         self.row_max = cute.make_rmem_tensor(cute.make_layout(num_rows), Float32)
         self.row_sum = cute.make_rmem_tensor(cute.make_layout(num_rows), Float32)
         self.row_max.fill(-Float32.inf)
         self.row_sum.fill(0.0)
 
     # The DSL carries this object through dynamic loops as its MLIR values (the scale and the
-    # two register tensors); the row count and lanes per row stay Python constants.
+    # two register tensors); the row count, lanes per row, offset and threshold stay Python
+    # constants.
     def _dynamic_fields(self) -> tuple[object, ...]:
         return (self.scale_log2, self.row_max, self.row_sum)
 
@@ -84,6 +105,8 @@ class OnlineSoftmax:
     def __new_from_mlir_values__(self, values: list) -> OnlineSoftmax:
         new = object.__new__(OnlineSoftmax)
         new.num_rows, new.threads_per_row = self.num_rows, self.threads_per_row
+        new.max_offset_log2 = self.max_offset_log2
+        new.rescale_threshold_log2 = self.rescale_threshold_log2
         rebuilt, start = [], 0
         for obj, count in zip(self._dynamic_fields(), self._value_counts, strict=True):
             rebuilt.append(cutlass.new_from_mlir_values(obj, values[start : start + count]))
@@ -100,10 +123,17 @@ class OnlineSoftmax:
             row = [scores[r, c] for c in range(cols)]
             row_max = reduce_row([self.row_max[r], *row], cute.arch.fmax)
             row_max = cute.arch.warp_reduction_max(row_max, threads_in_group=self.threads_per_row)
+            if cutlass.const_expr(self.rescale_threshold_log2 != 0.0):
+                # Lazy rescale: keep the stale max unless the new one exceeds it by more than
+                # the threshold (a first finite max always does: inf > threshold).
+                if (row_max - self.row_max[r]) * self.scale_log2 <= self.rescale_threshold_log2:
+                    row_max = self.row_max[r]
             safe_max = row_max
             if row_max == -Float32.inf:
                 safe_max = Float32(0.0)
             max_scaled = safe_max * self.scale_log2
+            if cutlass.const_expr(self.max_offset_log2 != 0.0):
+                max_scaled = max_scaled - self.max_offset_log2  # p scaled by 2^max_offset
             row_alpha = cute.math.exp2(
                 (self.row_max[r] - safe_max) * self.scale_log2, fastmath=True
             )
@@ -126,7 +156,11 @@ class OnlineSoftmax:
             )
             # Only an exactly empty row is special: a NaN sum (NaN input) must stay visible.
             inv = Float32(1.0) / row_sum
-            row_lse = (self.row_max[r] * self.scale_log2 + cute.math.log2(row_sum)) * LN_2
+            # l carries p's 2^max_offset (0 without an offset), which the LSE takes out.
+            log2_sum = cute.math.log2(row_sum)
+            if cutlass.const_expr(self.max_offset_log2 != 0.0):
+                log2_sum = log2_sum - self.max_offset_log2
+            row_lse = (self.row_max[r] * self.scale_log2 + log2_sum) * LN_2
             if row_sum == 0.0:
                 inv = Float32(0.0)
                 row_lse = -Float32.inf

@@ -116,6 +116,15 @@ window bounds when a case has a window):
 Blocks inside every row's band and below ``seqlen_k`` skip the mask (the unmasked fast path);
 the diagonal, window-edge and last partial blocks are masked.
 
+FP8 inputs (``float8_e4m3fn`` / ``float8_e5m2``; docs/own-kernels.md#own-sm90-fp8-the-fp8-forward):
+both GEMMs are FP8 WGMMAs (k32), so V comes keys-contiguous (unit stride along S, K-major in
+shared memory) and in the key order of :func:`acc_as_fp8_operand_a`
+(kernel/sm90/fp8_layout.py), which the launcher writes; O is bf16; the optional float32
+``[B, Hkv]`` descales fold ``q_descale * k_descale`` into the tile's ``scale_log2`` and
+``v_descale`` into ``1 / row_sum``; ``max_offset_log2`` and ``rescale_threshold_log2`` go to the
+online softmax (kernel/common/softmax.py). Dense path only, without ``smem_epilogue`` or
+``persistent``.
+
 :meth:`FlashAttentionForwardSm90.compile` builds the kernel for sm_90a on fake tensors, so a
 CPU-only machine can compile it and inspect the PTX (properties/test_own_kernels.py). The knobs
 ``num_consumer_wg=1`` and ``tile_n=64`` compile too, but only the adapters' tiles are tested.
@@ -153,7 +162,13 @@ from attention_crossval.kernel.sm90.schedule import (
     tile_work,
 )
 
-DTYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16}
+DTYPES = {
+    "bfloat16": cutlass.BFloat16,
+    "float16": cutlass.Float16,
+    "float8_e4m3fn": cutlass.Float8E4M3FN,
+    "float8_e5m2": cutlass.Float8E5M2,
+}
+FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
 HEAD_DIMS = (64, 128)
 WG_THREADS = 128
 ROWS_PER_WG = 64  # the WGMMA M extent
@@ -196,6 +211,32 @@ def acc_as_operand_a(acc: cute.Tensor) -> cute.Tensor:
             (stride[0][0], stride[0][1], stride[0][2]),
             stride[1],
             (stride[0][2] * 2, stride[2]),
+        ),
+    )
+    return cute.make_tensor(acc.iterator, layout)
+
+
+def acc_as_fp8_operand_a(acc: cute.Tensor) -> cute.Tensor:
+    """The accumulator fragment of ``S`` (after conversion to FP8) re-viewed as the A fragment
+    ``(((2, 2), 2, 2), MMA_M, MMA_K)`` of the FP8 PV WGMMA, k32 blocks along the columns.
+
+    The lanes of a quad hold different keys in the two: in a 32-key block, lane ``t`` holds S's
+    key pairs ``2t, 2t+1`` of each 8-key group, but A's keys ``4t..4t+3`` and ``16+4t..16+4t+3``
+    (per row). Rather than exchanging values between lanes, the kernel relabels keys: A's 4 keys
+    of half ``h`` are filled, in order, by the pairs of S's groups ``2h`` and ``2h + 1``, so A
+    position ``j`` holds key ``fp8_key_order(...)[j]`` (kernel/sm90/fp8_layout.py), and the
+    launcher stores V's keys in that order. The view only regroups registers (each A register
+    is two converted pairs), so no shuffle and no byte permute is needed."""
+    shape, stride = acc.layout.shape, acc.layout.stride
+    if shape[0][2] % 4:
+        raise ValueError(f"FP8 P needs a multiple of 4 8-key groups, got {shape}")
+    group = stride[0][2]
+    layout = cute.make_layout(
+        (((shape[0][0], 2), shape[0][1], 2), shape[1], (shape[0][2] // 4, shape[2])),
+        stride=(
+            ((stride[0][0], group), stride[0][1], group * 2),
+            stride[1],
+            (group * 4, stride[2]),
         ),
     )
     return cute.make_tensor(acc.iterator, layout)
@@ -255,6 +296,8 @@ class FlashAttentionForwardSm90:
         longest_first: bool = False,
         smem_epilogue: bool = False,
         persistent: bool = False,
+        max_offset_log2: float = 0.0,
+        rescale_threshold_log2: float = 0.0,
     ) -> None:
         if dtype not in DTYPES:
             raise ValueError(f"dtype={dtype!r} must be one of {sorted(DTYPES)}")
@@ -279,7 +322,21 @@ class FlashAttentionForwardSm90:
             # smem_epilogue writes O into Q's buffer, which the producer refills with the next
             # tile's Q as soon as the consumers release it.
             raise ValueError("persistent=True and smem_epilogue=True cannot be combined")
+        if dtype in FP8_DTYPES and (smem_epilogue or persistent):
+            # O (bf16) is twice Q's bytes: it does not fit Q's buffer; persistent is untested.
+            raise ValueError(f"dtype={dtype!r} (FP8) takes neither smem_epilogue nor persistent")
+        for name, value in (
+            ("max_offset_log2", max_offset_log2),
+            ("rescale_threshold_log2", rescale_threshold_log2),
+        ):
+            if not (isinstance(value, (int, float)) and 0.0 <= value < 64.0):
+                raise ValueError(f"{name}={value!r} must be a float in [0, 64)")
         self.dtype = DTYPES[dtype]
+        self.fp8 = dtype in FP8_DTYPES
+        # FP8 inputs write bf16 (FP8 outputs are not supported); 16-bit ones their own dtype.
+        self.out_dtype = cutlass.BFloat16 if self.fp8 else self.dtype
+        self.max_offset_log2 = float(max_offset_log2)
+        self.rescale_threshold_log2 = float(rescale_threshold_log2)
         self.head_dim = head_dim
         self.causal = causal
         self.num_consumer_wg = num_consumer_wg
@@ -313,17 +370,30 @@ class FlashAttentionForwardSm90:
         window_left: Int32 | None = None,
         window_right: Int32 | None = None,
         max_ctas: Int32 | None = None,
+        q_descale: cute.Tensor | None = None,
+        k_descale: cute.Tensor | None = None,
+        v_descale: cute.Tensor | None = None,
     ) -> None:
         """Launch on ``[B, S, H, D]`` q/k/v/o and ``[B, H, Sq]`` lse; ``scale_log2`` is
         ``softmax_scale * log2(e)``; the optional arguments as the module docstring says;
         ``max_ctas`` (``persistent`` only, and needed there) caps the persistent grid, e.g. at
-        the GPU's SM count."""
+        the GPU's SM count. FP8 (module docstring): v K-major (unit stride along S) with its
+        keys in :func:`fp8_key_order`, o bfloat16, and the descales float32 ``[B, Hkv]`` (all
+        three or none)."""
         if cutlass.const_expr(self.persistent != (max_ctas is not None)):
             raise ValueError("max_ctas is given exactly when persistent=True")
         if cutlass.const_expr((seqused_q is None) != (seqused_k is None)):
             raise ValueError("seqused_q and seqused_k go together (both or neither)")
         if cutlass.const_expr((window_left is None) != (window_right is None)):
             raise ValueError("window_left and window_right go together (both or neither)")
+        descales = (q_descale, k_descale, v_descale)
+        if cutlass.const_expr(len({d is None for d in descales}) != 1):
+            raise ValueError("q_descale, k_descale and v_descale go together (all or none)")
+        if cutlass.const_expr(q_descale is not None and not self.fp8):
+            raise ValueError("descales are for FP8 inputs only")
+        if cutlass.const_expr(self.fp8 and seqused_q is not None):
+            # The varlen path zeroes V rows by key index, which the FP8 key order relabels.
+            raise ValueError("FP8 inputs run the dense path only (no seqused_q / seqused_k)")
         mQ, mK, mV, mO, mLSE = attention_views(q, k, v, o, lse)
 
         dtype = self.dtype
@@ -334,6 +404,9 @@ class FlashAttentionForwardSm90:
         atoms = (self.num_consumer_wg, 1, 1)
         k_major = cute.nvgpu.OperandMajorMode.K
         v_layout = LayoutEnum.from_tensor(mV)
+        if cutlass.const_expr(self.fp8 and v_layout != LayoutEnum.ROW_MAJOR):
+            # FP8 WGMMA reads both shared-memory operands K-major: V's keys must be contiguous.
+            raise ValueError("FP8 v must have unit stride along S (transposed by the launcher)")
         qk_mma = sm90_utils.make_trivial_tiled_mma(
             dtype, dtype, k_major, k_major, Float32, atoms, qk_tiler[:2]
         )
@@ -423,6 +496,9 @@ class FlashAttentionForwardSm90:
             window_left,
             window_right,
             tma_o,
+            q_descale,
+            k_descale,
+            v_descale,
         ).launch(
             grid=grid,
             block=[self.num_threads, 1, 1],
@@ -454,6 +530,9 @@ class FlashAttentionForwardSm90:
         window_left: Int32 | None,
         window_right: Int32 | None,
         tma_o: cute.CopyAtom | None,
+        q_descale: cute.Tensor | None,
+        k_descale: cute.Tensor | None,
+        v_descale: cute.Tensor | None,
     ) -> None:
         tidx, _, _ = cute.arch.thread_idx()
         block_x, head, batch = cute.arch.block_idx()
@@ -506,6 +585,12 @@ class FlashAttentionForwardSm90:
             )
             kv_head = head // (mQ.shape[2] // mK.shape[2])
             extent_k = key_extent(mK, seqused_k)
+            v_scale = None
+            if cutlass.const_expr(q_descale is not None):
+                # FP8: S of the raw values takes q's and k's descales in its scale; O takes
+                # v's at the normalization (per batch and kv head).
+                scale_log2 = scale_log2 * (q_descale[batch, kv_head] * k_descale[batch, kv_head])
+                v_scale = v_descale[batch, kv_head]
 
             if wg_idx == 0:
                 cute.arch.setmaxregister_decrease(self.regs_load)
@@ -515,7 +600,7 @@ class FlashAttentionForwardSm90:
                 cute.arch.setmaxregister_increase(self.regs_consumer)
                 self.consume(
                     qk_mma, pv_mma, ops, q_use, k_use, v_use, out, scale_log2,
-                    tidx - WG_THREADS, tile, extent_k, limits.window,
+                    tidx - WG_THREADS, tile, extent_k, limits.window, v_scale,
                 )  # fmt: skip
 
     @cute.jit
@@ -669,11 +754,13 @@ class FlashAttentionForwardSm90:
         tile: Tile,
         extent_k: Int32 | None,
         window: tuple[Int32 | None, Int32 | None],
+        v_scale: Float32 | None = None,
     ) -> tuple[pipeline.PipelineConsumer, pipeline.PipelineConsumer, pipeline.PipelineConsumer]:
         """Consumer warpgroups: the KV loop (QK^T, mask, online softmax, rescale, PV), then
         (``persistent``) the release of the Q stage, then the epilogue; returns the three
         consumers (advanced), for the persistent loop to carry. ``tidx`` counts from the first
-        consumer thread; ``extent_k`` (varlen only) is the rows of the K/V tensors."""
+        consumer thread; ``extent_k`` (varlen only) is the rows of the K/V tensors; ``v_scale``
+        (FP8 with descales) multiplies O at the normalization."""
         sQ, sK, sV = ops.sQ, ops.sK, ops.sV
         n_block_min, n_block_max = tile.blocks[0], tile.blocks[1]
         qk_thr = qk_mma.get_slice(tidx)
@@ -700,7 +787,10 @@ class FlashAttentionForwardSm90:
         own = acc_rows_cols(qk_thr.partition_C(identity))[0, 0]
         cS_mn = (cS0, (own[0] - cS0[0, 0][0], own[1] - cS0[0, 0][1]))
         num_rows = cute.size(acc_O_mn, mode=[0])
-        softmax = OnlineSoftmax(num_rows, 4, scale_log2)
+        softmax = OnlineSoftmax(
+            num_rows, 4, scale_log2, max_offset_log2=self.max_offset_log2,
+            rescale_threshold_log2=self.rescale_threshold_log2,
+        )  # fmt: skip
         alpha = cute.make_rmem_tensor(cute.make_layout(num_rows), Float32)
 
         q_handle = q_use.wait_and_advance()
@@ -730,12 +820,12 @@ class FlashAttentionForwardSm90:
 
                 self.mask_and_softmax(acc_S, cS_mn, softmax, alpha, n_block, tile, window)
                 rescale_rows(acc_O_mn, alpha)
-                rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
+                rP, tOrP = self.p_fragments(acc_S)
                 rP.store(acc_S.load().to(self.dtype))
 
                 v_handle = v_use.wait_and_advance()
                 self.guard_v_padding(sV, v_handle.index, n_block, tile.seqlen_k, extent_k, tidx)
-                pv_mma = self.pv_gemm(pv_mma, acc_O, acc_as_operand_a(rP), tOrV, v_handle.index)
+                pv_mma = self.pv_gemm(pv_mma, acc_O, tOrP, tOrV, v_handle.index)
                 warpgroup.wait_group(0)
                 v_handle.release()
 
@@ -747,7 +837,7 @@ class FlashAttentionForwardSm90:
         if cutlass.const_expr(self.smem_epilogue):
             self.epilogue_smem(softmax, acc_O, pv_mma, sQ[None, None, 0], out, tidx, tile)
         else:
-            self.epilogue(softmax, acc_O, pv_thr, out, tidx, tile)
+            self.epilogue(softmax, acc_O, pv_thr, out, tidx, tile, v_scale)
         return q_use, k_use, v_use
 
     @cute.jit
@@ -790,8 +880,7 @@ class FlashAttentionForwardSm90:
         n_block_min, n_block_max, n_unmasked_min, n_unmasked_max = tile.blocks
         seqlen_k = tile.seqlen_k
         acc_O_mn = acc_rows_cols(acc_O)
-        rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
-        tOrP = acc_as_operand_a(rP)
+        rP, tOrP = self.p_fragments(acc_S)
         wg = cute.arch.make_warp_uniform(tidx // WG_THREADS)  # consumer warpgroup, 0, 1 (, 2)
         next_wg = (wg + 1) % self.num_consumer_wg  # whose turn follows this one's
         if cutlass.const_expr(self.pingpong):
@@ -851,6 +940,15 @@ class FlashAttentionForwardSm90:
             warpgroup.wait_group(0)
             v_handle.release()
         return k_use, v_use
+
+    def p_fragments(self, acc_S: cute.Tensor) -> tuple[cute.Tensor, cute.Tensor]:
+        """P's registers in the input dtype, laid out as S's accumulator (``rP``, which S is
+        converted into), and their view as the PV WGMMA's A operand (:func:`acc_as_operand_a`,
+        or for FP8 :func:`acc_as_fp8_operand_a`)."""
+        rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
+        if cutlass.const_expr(self.fp8):
+            return rP, acc_as_fp8_operand_a(rP)
+        return rP, acc_as_operand_a(rP)
 
     @cute.jit
     def qk_gemm(
@@ -965,8 +1063,10 @@ class FlashAttentionForwardSm90:
         out: Output,
         tidx: Int32,
         tile: Tile,
+        v_scale: Float32 | None = None,
     ) -> None:
-        """``O / row_sum`` to global memory and the LSE, rows below ``seqlen_q`` only."""
+        """``O / row_sum`` (times ``v_scale`` when given: FP8's v descale) to global memory in
+        the output dtype, and the LSE, rows below ``seqlen_q`` only."""
         mO, mLSE = out.mO, out.mLSE
         m_block, head, batch, seqlen_q = tile.m_block, tile.head, tile.batch, tile.seqlen_q
         acc_O_mn = acc_rows_cols(acc_O)
@@ -974,9 +1074,12 @@ class FlashAttentionForwardSm90:
         inv_sum = cute.make_rmem_tensor(cute.make_layout(num_rows), Float32)
         lse = cute.make_rmem_tensor(cute.make_layout(num_rows), Float32)
         softmax.finalize(inv_sum, lse)
+        if cutlass.const_expr(v_scale is not None):
+            for r in cutlass.range_constexpr(num_rows):
+                inv_sum[r] = inv_sum[r] * v_scale
         rescale_rows(acc_O_mn, inv_sum)
-        rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
-        rO.store(acc_O.load().to(self.dtype))
+        rO = cute.make_rmem_tensor_like(acc_O, self.out_dtype)
+        rO.store(acc_O.load().to(self.out_dtype))
 
         row0 = m_block * self.tile_m
         gO = cute.local_tile(
@@ -1103,5 +1206,5 @@ class FlashAttentionForwardSm90:
         runtime ``Int32``, its value irrelevant to the code) when ``persistent``."""
         return compile_on_fake_tensors(
             self, self.dtype, "sm_90a", options, varlen=varlen, window=window,
-            max_ctas=max_ctas if self.persistent else None,
+            max_ctas=max_ctas if self.persistent else None, fp8=self.fp8,
         )  # fmt: skip
