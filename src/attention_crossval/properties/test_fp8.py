@@ -24,6 +24,7 @@ from attention_crossval.reference.case import FP8_DTYPES, AttentionCase
 from attention_crossval.reference.compare import assert_within_bound
 from attention_crossval.reference.exact import exact_attention, naive_exact_attention
 from attention_crossval.reference.precision import StreamingPrecision, round_to
+from attention_crossval.reference.rowwise import rowwise_attention
 from attention_crossval.reference.streaming import RescaleTrace, streaming_attention
 from attention_crossval.report.configs import Config, preset
 
@@ -107,6 +108,19 @@ def test_exact_tier_matches_naive_mpmath_on_dequantized_values(case):
     assert np.array_equal(np.isneginf(exact.lse), np.isneginf(naive.lse))
     lse_error = np.abs(exact.lse[finite] - naive.lse[finite])
     assert (lse_error <= exact.lse_err_bound[finite] + 2**-52 * np.abs(naive.lse[finite])).all()
+
+
+@settings(max_examples=15, deadline=None)
+@given(attention_cases(spec=FP8_SPEC, max_len=40, max_heads=4, features=("varlen_batch",)))
+def test_rowwise_float64_reads_dequantized_values_on_both_backends(case):
+    """The float64 reference of long cases (reference.rowwise) dequantizes as the streaming
+    tier does, on NumPy and on torch (the GPU's path; torch on the CPU here): it once read the
+    raw FP8 values and passed FP8 arrays to torch, which refuses them."""
+    expected = streaming_attention(case, StreamingPrecision.float64())
+    for backend in ("numpy", "torch"):
+        got = rowwise_attention(case, backend=backend, device="cpu")
+        assert np.allclose(got.o, expected.o, rtol=1e-12, atol=1e-12, equal_nan=True), backend
+        assert np.allclose(got.lse, expected.lse, rtol=1e-12, atol=1e-12, equal_nan=True)
 
 
 @settings(max_examples=40, deadline=None)

@@ -72,11 +72,13 @@ class _Torch:
         # The input's bits go to the device and are widened there: torch has no NumPy bfloat16,
         # and a host float32 copy of a long K costs seconds. A writable copy of the (read-only)
         # case array, as torch.from_numpy wants; only one K or V head at a time.
-        bf16 = x.dtype.name == "bfloat16"
-        tensor = self.torch.from_numpy(np.array(x.view(np.uint16) if bf16 else x))
+        bits = {"bfloat16": np.uint16, "float8_e4m3fn": np.uint8, "float8_e5m2": np.uint8}
+        held = bits.get(x.dtype.name)
+        tensor = self.torch.from_numpy(np.array(x if held is None else x.view(held)))
         tensor = tensor.to(self.device)
-        tensor = (tensor.view(self.torch.bfloat16) if bf16 else tensor).to(self.dtype)
-        return self.torch.nan_to_num(tensor, nan=0.0, posinf=0.0, neginf=0.0)
+        if held is not None:  # torch has these dtypes, NumPy only through ml_dtypes
+            tensor = tensor.view(getattr(self.torch, x.dtype.name))
+        return self.torch.nan_to_num(tensor.to(self.dtype), nan=0.0, posinf=0.0, neginf=0.0)
 
     def index(self, x: np.ndarray) -> Any:
         return self.torch.from_numpy(np.array(x)).to(self.device)
@@ -146,13 +148,15 @@ def _chunks(
         else:
             lo, hi = key_ranges(case, b, positions)
         for kv_head in range(case.Hkv):
-            k = xp.array(case.k[b, :, kv_head])  # [Sk, D], padding zeroed
-            v = xp.array(case.v[b, :, kv_head])
+            # [Sk, D], padding zeroed; FP8 values times their descale: exact in float64
+            k = xp.array(case.k[b, :, kv_head]) * case.descale("k", b, kv_head)
+            v = xp.array(case.v[b, :, kv_head]) * case.descale("v", b, kv_head)
+            q_descale = case.descale("q", b, kv_head)
             for h in (h for h in range(case.Hq) if case.kv_head(h) == kv_head):
                 start_m = -np.inf if case.sink is None else float(case.sink[h])
                 for r0 in range(0, len(positions), row_chunk):
                     rows = slice(r0, min(r0 + row_chunk, len(positions)))
-                    q = xp.array(case.q[b, positions[rows], h])
+                    q = xp.array(case.q[b, positions[rows], h]) * q_descale
                     r_lo, r_hi = lo[rows], hi[rows]
                     m = xp.full((q.shape[0],), start_m)
                     l = xp.full((q.shape[0],), 0.0 if case.sink is None else 1.0)

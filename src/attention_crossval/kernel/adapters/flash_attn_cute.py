@@ -224,15 +224,6 @@ class FlashAttnCuteAdapter(CuteBackward, _torch.GuardedOutputsAdapter):
                 lse=lse,
             )
 
-
-def use_persistent_compile_cache() -> None:
-    """Turn on flash_attn.cute's own file cache of compiled kernels (off by default in
-    flash-attn-4; read when ``flash_attn.cute`` is first imported), so the kernel workers of a
-    run, and later runs on the same machine, load a configuration another one compiled instead
-    of compiling it again. ``FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=0`` keeps it off;
-    ``FLASH_ATTENTION_CUTE_DSL_CACHE_DIR`` moves it (default ``$TMPDIR/$USER/``)."""
-    os.environ.setdefault(COMPILE_CACHE_ENV, "1")
-
     def repro_call(self, case: AttentionCase) -> PublicCall:
         """The public call a reproducer script makes (kernel/public_call.py):
         ``flash_attn.cute.flash_attn_varlen_func`` on the padded layout, the valid lengths as
@@ -300,6 +291,15 @@ _PAGED_LINES = [
     "page_table = page_table.reshape(k.shape[0], per_sequence)",
     "kt, vt = to_torch(k_pages), to_torch(v_pages)",
 ]
+
+
+def use_persistent_compile_cache() -> None:
+    """Turn on flash_attn.cute's own file cache of compiled kernels (off by default in
+    flash-attn-4; read when ``flash_attn.cute`` is first imported), so the kernel workers of a
+    run, and later runs on the same machine, load a configuration another one compiled instead
+    of compiling it again. ``FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=0`` keeps it off;
+    ``FLASH_ATTENTION_CUTE_DSL_CACHE_DIR`` moves it (default ``$TMPDIR/$USER/``)."""
+    os.environ.setdefault(COMPILE_CACHE_ENV, "1")
 
 
 def create() -> FlashAttnCuteAdapter:
