@@ -2,7 +2,7 @@
 raises KeyboardInterrupt.
 
 Run from the repository root: ``python -m benchmarks.bench_faults --timeout 5``. For each fault
-kernel of ``kernel/broken/cpu_exits.py`` it runs, in a fresh directory, what a user runs::
+kernel of ``testing/broken/cpu_exits.py`` it runs, in a fresh directory, what a user runs::
 
     pytest --pyargs attention_crossval.properties -m kernel --kernel <fault kernel>
            --hypothesis-profile=ci [--kernel-timeout T]
@@ -30,7 +30,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy
 from benchmarks.machine import cpu_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-MODULE = "attention_crossval.kernel.broken.cpu_exits"
+MODULE = "attention_crossval.testing.broken.cpu_exits"
 FAULTS = {
     "segfault": "reads address 0 (SIGSEGV)",
     "sys_exit": "sys.exit(0)",
@@ -83,7 +83,7 @@ def restart_seconds(restarts: int) -> list[float]:
     """Seconds to start ``cpu_exits:segfault``'s worker, first and after each crash."""
     import numpy as np
 
-    from attention_crossval.kernel.isolation import IsolatedKernel, KernelCrashed
+    from attention_crossval.kernel.harness.isolation import IsolatedKernel, KernelCrashed
     from attention_crossval.reference.case import AttentionCase
 
     rng = np.random.default_rng(0)

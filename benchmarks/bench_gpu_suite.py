@@ -35,12 +35,12 @@ def _shard(
 ) -> dict:
     from hypothesis import HealthCheck, Phase, given, seed, settings
 
-    from attention_crossval.kernel.harness import IsolatedKernel
-    from attention_crossval.kernel.known_findings import (
+    from attention_crossval.kernel.contract.known_findings import (
         covering,
         run_backward_with_known,
         run_with_known,
     )
+    from attention_crossval.kernel.harness.forward import IsolatedKernel
     from attention_crossval.properties.strategies import attention_cases, backward_cases
 
     worker = IsolatedKernel(kernel, timeout_s=120.0)
@@ -110,7 +110,7 @@ def main() -> None:
     parser.add_argument("--finding-dir", default=None, help="save failing cases (.npz) here")
     args = parser.parse_args()
 
-    from attention_crossval.kernel.registry import default_kernels
+    from attention_crossval.kernel.harness.registry import default_kernels
 
     backward = args.passes == "backward"
     kernels = args.kernel or default_kernels(has_gpu=True, backward=backward)

@@ -24,8 +24,8 @@ import statistics  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 
-from attention_crossval.kernel.isolation import IsolatedKernel  # noqa: E402
-from attention_crossval.kernel.registry import resolve  # noqa: E402
+from attention_crossval.kernel.harness.isolation import IsolatedKernel  # noqa: E402
+from attention_crossval.kernel.harness.registry import resolve  # noqa: E402
 from attention_crossval.reference.case import AttentionCase  # noqa: E402
 from attention_crossval.report.cache import ExactCache  # noqa: E402
 from attention_crossval.report.configs import Config  # noqa: E402

@@ -9,7 +9,7 @@ repeat), without the example database. Prints two Markdown tables for docs/mutan
    distribution / mask of the first and of the shrunk counterexample;
 2. mutant x mask kind, and 3. mutant x score distribution without masks: examples until
    caught with only that strategy (no shrinking; ``-`` = survived max_examples);
-4. the backward mutants (``properties/mutants_backward.py``) x every backward property
+4. the backward mutants (``testing/mutants_backward.py``) x every backward property
    (``properties/backward_properties.py``): generated examples until caught, no shrinking,
    the unmutated tier as the control row, and the mutation score.
 
@@ -29,15 +29,15 @@ from hypothesis import Phase, settings  # noqa: E402
 
 import attention_crossval.pytest_plugin  # noqa: E402,F401  (registers the Hypothesis profiles)
 from attention_crossval.properties.backward_properties import PROPERTIES  # noqa: E402
-from attention_crossval.properties.mutants import MUTANTS, HuntResult, hunt, load_mutant  # noqa: E402
-from attention_crossval.properties.mutants_backward import (  # noqa: E402
+from attention_crossval.properties.strategies import DISTRIBUTIONS, REFERENCE_SPEC, attention_cases  # noqa: E402
+from attention_crossval.reference import streaming as reference_streaming  # noqa: E402
+from attention_crossval.reference import streaming_backward as reference_backward  # noqa: E402
+from attention_crossval.testing.mutants import MUTANTS, HuntResult, hunt, load_mutant  # noqa: E402
+from attention_crossval.testing.mutants_backward import (  # noqa: E402
     BACKWARD_MUTANTS,
     hunt_backward,
     load_backward_mutant,
 )
-from attention_crossval.properties.strategies import DISTRIBUTIONS, REFERENCE_SPEC, attention_cases  # noqa: E402
-from attention_crossval.reference import streaming as reference_streaming  # noqa: E402
-from attention_crossval.reference import streaming_backward as reference_backward  # noqa: E402
 
 NO_SHRINK = (Phase.explicit, Phase.reuse, Phase.generate, Phase.target)
 

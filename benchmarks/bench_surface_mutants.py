@@ -4,7 +4,7 @@ Run from the repository root: ``OPENBLAS_NUM_THREADS=1 python -m benchmarks.benc
 --seeds 10`` (``--first-seed`` picks another range of seeds). Two tables (``--part
 reference|kernel|both``, default both):
 
-* reference: each mutant of ``properties/mutants_surface.py`` that the float64 agreement
+* reference: each mutant of ``testing/mutants_surface.py`` that the float64 agreement
   property hunts (softcap, sinks) is hunted with ``surface_reference_cases`` restricted to its
   surfaces, 25 examples (the dev profile's budget); the unmutated tier on every surface;
 * kernel: each split-KV and paged mutant inside the CPU ``streaming-fa`` kernel
@@ -31,8 +31,12 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy
 from hypothesis import Phase, settings  # noqa: E402
 
 from attention_crossval.kernel.adapters.streaming import StreamingAdapter  # noqa: E402
-from attention_crossval.properties.mutants import HuntResult, hunt  # noqa: E402
-from attention_crossval.properties.mutants_surface import (  # noqa: E402
+from attention_crossval.properties.strategies import attention_cases  # noqa: E402
+from attention_crossval.properties.test_kernels import _max_len, _settings_for  # noqa: E402
+from attention_crossval.pytest_plugin import derived_seed  # noqa: E402
+from attention_crossval.reference import streaming as reference_streaming  # noqa: E402
+from attention_crossval.testing.mutants import HuntResult, hunt  # noqa: E402
+from attention_crossval.testing.mutants_surface import (  # noqa: E402
     KERNEL_MUTANTS,
     SURFACE_SPEC,
     InProcessKernel,
@@ -41,10 +45,6 @@ from attention_crossval.properties.mutants_surface import (  # noqa: E402
     surface_mutant_kernel,
     surface_reference_cases,
 )
-from attention_crossval.properties.strategies import attention_cases  # noqa: E402
-from attention_crossval.properties.test_kernels import _max_len, _settings_for  # noqa: E402
-from attention_crossval.pytest_plugin import derived_seed  # noqa: E402
-from attention_crossval.reference import streaming as reference_streaming  # noqa: E402
 
 NO_SHRINK = (Phase.explicit, Phase.reuse, Phase.generate, Phase.target)
 SINKS = ("sink", "sink_dominant", "sink_below")

@@ -1,4 +1,4 @@
-"""GPU check of the project's own SM90 kernel (kernel/sm90/fwd.py) on a Hopper GPU.
+"""GPU check of the project's own SM90 kernel (kernel/own/sm90/fwd.py) on a Hopper GPU.
 
 Usage (from the repository root, CuTe DSL importable, e.g. installed from
 wheels as docs/gpu.md describes)::

@@ -32,10 +32,13 @@ import pytest
 from hypothesis import HealthCheck, Phase, Verbosity, settings
 from threadpoolctl import threadpool_limits
 
-from attention_crossval.kernel.isolation import DEFAULT_TIMEOUT_S, check_timeout  # noqa: E402
+from attention_crossval.kernel.harness.isolation import DEFAULT_TIMEOUT_S, check_timeout  # noqa: E402
 
 # gpu_workers: one GPU per xdist worker; coverage: shape x mask x distribution x dtype tally
-pytest_plugins = ["attention_crossval.kernel.gpu_workers", "attention_crossval.properties.coverage"]
+pytest_plugins = [
+    "attention_crossval.kernel.harness.gpu_workers",
+    "attention_crossval.properties.coverage",
+]
 
 MARKERS = {
     "cpu": "runs without a GPU (reference-only checks, and kernels declared device='cpu')",
@@ -287,7 +290,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     gpu_items = [item for item in own if item.get_closest_marker("gpu")]
     if not gpu_items:
         return
-    from attention_crossval.kernel.gpu_workers import cuda_available, pin_worker_gpu
+    from attention_crossval.kernel.harness.gpu_workers import cuda_available, pin_worker_gpu
 
     pin_worker_gpu(config)  # before CUDA is first probed in this process
     has_cuda, reason = cuda_available()
@@ -336,7 +339,7 @@ def pytest_report_collectionfinish(config: pytest.Config, items: list[pytest.Ite
         return []
     import mpmath
 
-    from attention_crossval.kernel.gpu_workers import cuda_available, worker_gpus_line
+    from attention_crossval.kernel.harness.gpu_workers import cuda_available, worker_gpus_line
 
     wants_gpu = any(item.get_closest_marker("gpu") for item in own)
     gpu = cuda_available()[1] if wants_gpu else "not probed (no gpu test selected)"
@@ -369,7 +372,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
 def one_line_finding(error: BaseException) -> str:
     """A failure in one line: a harness check's own first line (``bound: ...``), else the
     exception's type and its first line; of several (Hypothesis' distinct failures), the first."""
-    from attention_crossval.kernel.verdict import CheckFailed
+    from attention_crossval.kernel.harness.verdict import CheckFailed
 
     if isinstance(error, BaseExceptionGroup):
         more = len(error.exceptions) - 1

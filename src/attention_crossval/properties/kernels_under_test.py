@@ -13,9 +13,10 @@ import functools
 
 import pytest
 
-from attention_crossval.kernel.gpu_workers import cuda_available
-from attention_crossval.kernel.isolation import IsolatedKernel
-from attention_crossval.kernel.registry import (
+from attention_crossval.kernel.contract.spec import MASK_KINDS, KernelAdapter, KernelSpec
+from attention_crossval.kernel.harness.gpu_workers import cuda_available
+from attention_crossval.kernel.harness.isolation import IsolatedKernel
+from attention_crossval.kernel.harness.registry import (
     BACKWARD_VARIANTS,
     GPU_BUILTIN,
     IN_PROCESS,
@@ -23,7 +24,6 @@ from attention_crossval.kernel.registry import (
     default_kernels,
     resolve,
 )
-from attention_crossval.kernel.spec import MASK_KINDS, KernelAdapter, KernelSpec
 
 _WORKERS: dict[str, IsolatedKernel] = {}
 

@@ -54,7 +54,7 @@ def test_cpu_selection_runs_only_cpu_tests(project: pytest.Pytester) -> None:
 
 
 def test_gpu_tests_skip_with_a_reason_without_cuda(project: pytest.Pytester) -> None:
-    from attention_crossval.kernel.gpu_workers import cuda_available
+    from attention_crossval.kernel.harness.gpu_workers import cuda_available
 
     if cuda_available()[0]:
         pytest.skip("a CUDA GPU is visible here: the gpu test would run instead of skipping")

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import event, example, given
 from hypothesis import strategies as st
 
-from attention_crossval.kernel.spec import KernelSpec
+from attention_crossval.kernel.contract.spec import KernelSpec
 from attention_crossval.reference.bounds import error_bound
 from attention_crossval.reference.case import AttentionCase, AttentionResult, Mask
 from attention_crossval.reference.compare import compare

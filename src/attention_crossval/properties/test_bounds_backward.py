@@ -16,8 +16,6 @@ import pytest
 from hypothesis import given, target
 from hypothesis import strategies as st
 
-from attention_crossval.kernel.broken.cpu_backward_faults import SOURCE_EDITS, swamped_dq_case
-from attention_crossval.properties.mutants import Mutation, mutated_module
 from attention_crossval.properties.strategies import (
     DISTRIBUTIONS,
     GRADIENT_DISTRIBUTIONS,
@@ -32,6 +30,8 @@ from attention_crossval.reference.masks import visible_all
 from attention_crossval.reference.precision import BackwardPrecision, StreamingPrecision
 from attention_crossval.reference.streaming_backward import streaming_backward
 from attention_crossval.report.configs import Config
+from attention_crossval.testing.broken.cpu_backward_faults import SOURCE_EDITS, swamped_dq_case
+from attention_crossval.testing.mutants import Mutation, mutated_module
 
 pytestmark = pytest.mark.cpu
 MODULE = "attention_crossval.reference.streaming_backward"

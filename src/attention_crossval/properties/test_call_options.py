@@ -1,9 +1,10 @@
 """Call options (paged KV, split-KV, packed varlen) through the case model and the kernel tier.
 
 The CPU ``streaming-fa`` kernel reads each sequence through the layouts
-(:mod:`kernel.call_options`); it must give bitwise what the split-KV streaming tier gives on the
+(:mod:`kernel.contract.call_options`); it must give bitwise what the split-KV streaming tier gives
+on the
 logical case, and pass the harness. One deliberately broken kernel per option
-(``kernel/broken/cpu_call_options.py``) fails its named checks on a trigger case, where the
+(``testing/broken/cpu_call_options.py``) fails its named checks on a trigger case, where the
 correct kernel passes.
 """
 
@@ -16,12 +17,12 @@ import numpy as np
 import pytest
 
 from attention_crossval.kernel.adapters.streaming import StreamingAdapter
-from attention_crossval.kernel.broken import cpu_call_options
-from attention_crossval.kernel.call_options import paged_layout
-from attention_crossval.kernel.harness import fill_padding, run_case
-from attention_crossval.kernel.isolation import IsolatedKernel
+from attention_crossval.kernel.contract.call_options import paged_layout
+from attention_crossval.kernel.harness.forward import fill_padding, run_case
+from attention_crossval.kernel.harness.isolation import IsolatedKernel
 from attention_crossval.reference.case import AttentionCase, Mask
 from attention_crossval.reference.splitkv import splitkv_attention
+from attention_crossval.testing.broken import cpu_call_options
 
 pytestmark = pytest.mark.cpu
 
@@ -103,7 +104,7 @@ def test_broken_call_option_kernel_is_caught(name: str) -> None:
     """In its worker, as the kernel suite runs it: the named checks fail on the trigger, and
     neither the correct kernel on the trigger nor the broken one without the option fails."""
     case = _case(**TRIGGERS[name])
-    worker = IsolatedKernel(f"attention_crossval.kernel.broken.cpu_call_options:{name}")
+    worker = IsolatedKernel(f"attention_crossval.testing.broken.cpu_call_options:{name}")
     try:
         assert worker.spec.supports(case)
         failed = {f.check for f in run_case(worker, case).findings}

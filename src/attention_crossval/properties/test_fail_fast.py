@@ -16,16 +16,16 @@ import numpy as np
 import pytest
 
 import attention_crossval
-from attention_crossval.kernel.broken.cpu_exits import CALL_LOG_ENV
-from attention_crossval.kernel.harness import run_case
-from attention_crossval.kernel.isolation import IsolatedKernel
+from attention_crossval.kernel.harness.forward import run_case
+from attention_crossval.kernel.harness.isolation import IsolatedKernel
 from attention_crossval.pytest_plugin import _kernel_timeout
 from attention_crossval.reference.case import AttentionCase
+from attention_crossval.testing.broken.cpu_exits import CALL_LOG_ENV
 
 pytestmark = pytest.mark.cpu
 
-EXITS = "attention_crossval.kernel.broken.cpu_exits"
-EXIT_IN_BACKWARD = "attention_crossval.kernel.broken.cpu_backward_faults:exit_in_backward"
+EXITS = "attention_crossval.testing.broken.cpu_exits"
+EXIT_IN_BACKWARD = "attention_crossval.testing.broken.cpu_backward_faults:exit_in_backward"
 # Where ``attention_crossval`` imports from (the checkout, or site-packages): subprocesses get
 # it on PYTHONPATH, so they import this copy however it was installed.
 IMPORT_ROOT = str(Path(attention_crossval.__file__).resolve().parent.parent)
@@ -118,7 +118,7 @@ def test_ctrl_c_ends_a_report_with_one_line_and_exit_130(tmp_path: Path) -> None
     once."""
     marker = tmp_path / "spinning"
     command = [sys.executable, "-m", "attention_crossval.report", "--out", str(tmp_path / "out")]
-    command += ["--kernel", "attention_crossval.kernel.broken.cpu_faults:spin"]
+    command += ["--kernel", "attention_crossval.testing.broken.cpu_faults:spin"]
     command += ["--preset", "tiny", "--only", "none", "--no-progress"]
     process = subprocess.Popen(
         command,

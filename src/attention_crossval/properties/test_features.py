@@ -17,9 +17,9 @@ import pytest
 from hypothesis import HealthCheck, Phase, find, given, settings
 
 from attention_crossval.kernel.adapters.streaming import StreamingAdapter
-from attention_crossval.kernel.harness import run_case
-from attention_crossval.kernel.isolation import IsolatedKernel
-from attention_crossval.kernel.spec import KernelSpec
+from attention_crossval.kernel.contract.spec import KernelSpec
+from attention_crossval.kernel.harness.forward import run_case
+from attention_crossval.kernel.harness.isolation import IsolatedKernel
 from attention_crossval.properties import coverage
 from attention_crossval.properties.strategies import (
     FEATURES,
@@ -99,7 +99,7 @@ def test_backward_cases_draw_no_forward_surface_feature() -> None:
 )
 def test_feature_cases_find_the_broken_call_option_kernel(name: str, feature: str) -> None:
     """The feature's strategy, searched as the kernel suite does (in a worker), finds the bug."""
-    worker = IsolatedKernel(f"attention_crossval.kernel.broken.cpu_call_options:{name}")
+    worker = IsolatedKernel(f"attention_crossval.testing.broken.cpu_call_options:{name}")
     strategy = attention_cases(spec=SPEC, max_len=2 * SPEC.tile_n + 1, required_features=[feature])
     try:
         found = find(

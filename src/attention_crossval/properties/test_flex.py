@@ -12,8 +12,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from attention_crossval.kernel.harness import run_case
-from attention_crossval.kernel.registry import BUILTIN, GPU_BUILTIN
+from attention_crossval.kernel.harness.forward import run_case
+from attention_crossval.kernel.harness.registry import BUILTIN, GPU_BUILTIN
 from attention_crossval.reference.case import AttentionCase, CausalAlignment, Mask
 
 pytestmark = pytest.mark.cpu

@@ -24,8 +24,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from attention_crossval.kernel.isolation import IsolatedKernel
-from attention_crossval.kernel.registry import factory_path
+from attention_crossval.kernel.harness.isolation import IsolatedKernel
+from attention_crossval.kernel.harness.registry import factory_path
 from attention_crossval.properties import replay
 from attention_crossval.reference.case import AttentionCase, Mask
 from attention_crossval.reference.file_names import safe_file_name, safe_part

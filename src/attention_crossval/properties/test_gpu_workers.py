@@ -1,4 +1,5 @@
-"""kernel.gpu_workers: each xdist worker gets one GPU, round robin, before torch sees others.
+"""kernel.harness.gpu_workers: each xdist worker gets one GPU, round robin, before torch sees
+others.
 That a user's own xdist session keeps its devices is shown in test_plugin_guest."""
 
 from __future__ import annotations
@@ -7,7 +8,7 @@ import os
 
 import pytest
 
-from attention_crossval.kernel.gpu_workers import gpu_for_worker, pin_worker_gpu
+from attention_crossval.kernel.harness.gpu_workers import gpu_for_worker, pin_worker_gpu
 
 pytestmark = pytest.mark.cpu
 

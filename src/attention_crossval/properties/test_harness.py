@@ -1,6 +1,6 @@
 """The defensive harness and the registry on CPU: every check fires on the fault it names.
 
-The faulty kernels are in ``kernel/broken/cpu_faults.py``; the isolation tests spawn a real
+The faulty kernels are in ``testing/broken/cpu_faults.py``; the isolation tests spawn a real
 worker process that hangs, exits or raises, and check the run goes on with a fresh worker.
 """
 
@@ -18,10 +18,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from attention_crossval.kernel import registry
 from attention_crossval.kernel.adapters import _torch, sdpa, streaming
-from attention_crossval.kernel.broken.cpu_faults import FaultyAdapter, GuardedNumpyAdapter
-from attention_crossval.kernel.harness import (
+from attention_crossval.kernel.harness import registry
+from attention_crossval.kernel.harness.forward import (
     ADAPTER_CHECKS,
     CheckFailed,
     IsolatedKernel,
@@ -29,14 +28,15 @@ from attention_crossval.kernel.harness import (
     fill_padding,
     run_case,
 )
-from attention_crossval.kernel.references import output_dtype
+from attention_crossval.kernel.harness.references import output_dtype
 from attention_crossval.properties.strategies import attention_cases
 from attention_crossval.reference.case import AttentionCase, AttentionResult, Mask
 from attention_crossval.reference.precision import StreamingPrecision
+from attention_crossval.testing.broken.cpu_faults import FaultyAdapter, GuardedNumpyAdapter
 
 pytestmark = pytest.mark.cpu
 
-FAULTS = "attention_crossval.kernel.broken.cpu_faults"
+FAULTS = "attention_crossval.testing.broken.cpu_faults"
 
 
 def _case(mask: Mask | None = None, *, B: int = 2, Sq: int = 20, Sk: int = 37) -> AttentionCase:
@@ -122,7 +122,7 @@ def test_isolated_worker_reports_fault_saves_case_and_recovers(
     # the hang waits out its timeout; the others answer at once, 30 s only absorbs machine load
     timeout_s = 3.0 if fault == "hang" else 30.0
     worker = IsolatedKernel(
-        f"attention_crossval.kernel.broken.cpu_faults:{fault}", timeout_s=timeout_s
+        f"attention_crossval.testing.broken.cpu_faults:{fault}", timeout_s=timeout_s
     )
     try:
         verdict = run_case(
@@ -195,10 +195,10 @@ def test_cpu_virtual_kernel_passes_every_check(case: AttentionCase) -> None:
 def test_registry_resolves_names_and_dotted_paths() -> None:
     assert registry.resolve("streaming-fa").spec.name == "streaming-fa"
     assert (
-        registry.resolve("attention_crossval.kernel.broken.cpu_faults:guarded").spec.name
+        registry.resolve("attention_crossval.testing.broken.cpu_faults:guarded").spec.name
         == "cpu-guarded"
     )
-    instance = registry.resolve("attention_crossval.kernel.broken.cpu_faults:GuardedNumpyAdapter")
+    instance = registry.resolve("attention_crossval.testing.broken.cpu_faults:GuardedNumpyAdapter")
     assert isinstance(instance, GuardedNumpyAdapter)
     assert registry.default_kernels(has_gpu=False) == ["streaming-fa"]
 
@@ -209,9 +209,9 @@ def test_registry_resolves_names_and_dotted_paths() -> None:
         ("no-such-kernel", "built-in name"),
         ("pkg.mod:", "built-in name"),
         ("attention_crossval.kernel.no_module:thing", "cannot load"),
-        ("attention_crossval.kernel.registry:BUILTIN", "must be an adapter"),
+        ("attention_crossval.kernel.harness.registry:BUILTIN", "must be an adapter"),
         ("os.path:join", "calling it raised TypeError"),
-        ("attention_crossval.kernel.broken.fails_at_import:x", "cannot load.*ZeroDivisionError"),
+        ("attention_crossval.testing.broken.fails_at_import:x", "cannot load.*ZeroDivisionError"),
         (f"{FAULTS}:bad_spec", "spec must be a KernelSpec, got dict"),
     ],
 )
@@ -249,7 +249,7 @@ def test_describe_learns_the_spec_without_importing_the_kernel_here(tmp_path, mo
     """The parent learns the declaration from the worker's handshake: the user's module is
     imported only there (it would run user code here, where a fault ends the run)."""
     (tmp_path / "user_kernel_9.py").write_text(
-        "from attention_crossval.kernel.broken.cpu_faults import guarded as create\n"
+        "from attention_crossval.testing.broken.cpu_faults import guarded as create\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     spec = registry.describe("user_kernel_9:create", start_timeout_s=60.0)
@@ -413,8 +413,13 @@ def test_bound_ulps_are_in_the_declared_chains_output_dtype() -> None:
 def test_saved_case_name_is_the_same_in_every_process(tmp_path) -> None:
     """Regression: the file name used hash(), salted per process."""
     script = (
-        "import sys; from properties.test_harness import _case, PADDED; "
-        "from kernel.harness import _save; print(_save(_case(PADDED), 'k', 'bound', sys.argv[1]))"
+        "import sys; import numpy as np; "
+        "from attention_crossval.kernel.harness.forward import _save; "
+        "from attention_crossval.reference.case import AttentionCase, Mask; "
+        "rng = np.random.default_rng(3); "
+        "q, k, v = (rng.standard_normal((2, S, 2, 16)).astype(np.float16) for S in (20, 37, 37)); "
+        "mask = Mask(causal=True, q_lengths=(20, 5), k_lengths=(30, 0)); "
+        "print(_save(AttentionCase(q, k, v, mask=mask), 'k', 'bound', sys.argv[1]))"
     )
     names = {
         subprocess.run(

@@ -1,6 +1,6 @@
 """NaN at hidden positions: keys no query sees, through causal, window or explicit masks as well
 as padding. The references never read them, and the opt-in ``hidden-nan`` harness check
-(kernel/hidden_nan.py) finds a kernel that reads them and weights them by 0."""
+(kernel/harness/hidden_nan.py) finds a kernel that reads them and weights them by 0."""
 
 from __future__ import annotations
 
@@ -10,16 +10,16 @@ from hypothesis import find as hypothesis_find
 from hypothesis import given, settings
 
 from attention_crossval.kernel.adapters.streaming import StreamingAdapter
-from attention_crossval.kernel.harness import run_case
-from attention_crossval.kernel.hidden_nan import CHECK, hidden_nan_findings, poison_hidden
+from attention_crossval.kernel.harness.forward import run_case
+from attention_crossval.kernel.harness.hidden_nan import CHECK, hidden_nan_findings, poison_hidden
 from attention_crossval.properties._strategies.hidden import hidden_key_cases, masked_hidden_keys
-from attention_crossval.properties.mutants_surface import load_surface_mutant
 from attention_crossval.properties.strategies import REFERENCE_SPEC, attention_cases
 from attention_crossval.reference.case import AttentionCase, AttentionResult, CausalAlignment, Mask
 from attention_crossval.reference.exact import exact_attention
 from attention_crossval.reference.masks import hidden_keys, visible_all
 from attention_crossval.reference.precision import StreamingPrecision
 from attention_crossval.reference.streaming import streaming_attention
+from attention_crossval.testing.mutants_surface import load_surface_mutant
 
 pytestmark = pytest.mark.cpu
 

@@ -12,9 +12,9 @@ import re
 import numpy as np
 import pytest
 
-from attention_crossval.kernel import mapped
-from attention_crossval.kernel.harness import fill_padding, run_case
-from attention_crossval.kernel.isolation import IsolatedKernel
+from attention_crossval.kernel.harness import mapped
+from attention_crossval.kernel.harness.forward import fill_padding, run_case
+from attention_crossval.kernel.harness.isolation import IsolatedKernel
 from attention_crossval.reference.case import (
     ELEMENTS_ENV,
     INPUT_DTYPES,
@@ -27,7 +27,7 @@ from attention_crossval.reference.case import (
 from attention_crossval.report.configs import HUGE_KEYS, preset
 
 pytestmark = pytest.mark.cpu
-FAULTS = "attention_crossval.kernel.broken.cpu_faults"
+FAULTS = "attention_crossval.testing.broken.cpu_faults"
 
 
 def test_gpu_huge_has_a_tensor_above_2_31_elements() -> None:
@@ -119,7 +119,7 @@ def small_mapping(monkeypatch):
 
 def test_mapped_inputs_written_by_a_kernel_are_caught(small_mapping) -> None:
     """Through the mapping the worker's writes stay private and the watch still sees them."""
-    from attention_crossval.kernel.broken.cpu_faults import FaultyAdapter
+    from attention_crossval.testing.broken.cpu_faults import FaultyAdapter
 
     rng = np.random.default_rng(3)
     q, k, v = (rng.standard_normal((2, S, 2, 16)).astype(np.float16) for S in (20, 37, 37))
@@ -147,7 +147,7 @@ def test_scaled_down_huge_decode_passes_through_the_mapped_path(small_mapping, t
 
     (config,) = preset("gpu-huge")
     small = dataclasses.replace(config, Sk=HUGE_KEYS // 512, name="huge-decode-scaled")
-    worker = IsolatedKernel("attention_crossval.kernel.broken.cpu_long:correct", timeout_s=120.0)
+    worker = IsolatedKernel("attention_crossval.testing.broken.cpu_long:correct", timeout_s=120.0)
     try:
         options = RunOptions(rows=2, dense_limit=1 << 16, subset_rows=8)
         (record,) = evaluate(

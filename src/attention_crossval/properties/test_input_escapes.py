@@ -18,10 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attention_crossval.kernel.broken.cpu_backward_faults import BrokenBackwardAdapter
-from attention_crossval.kernel.broken.cpu_faults import GuardedNumpyAdapter
-from attention_crossval.kernel.harness import run_case
-from attention_crossval.kernel.harness_backward import run_backward_case
+from attention_crossval.kernel.harness.backward import run_backward_case
+from attention_crossval.kernel.harness.forward import run_case
 from attention_crossval.properties import replay
 from attention_crossval.properties.test_exact import _agrees_with_double
 from attention_crossval.properties.test_exact_backward import naive_backward
@@ -30,6 +28,8 @@ from attention_crossval.reference.exact import exact_attention, naive_exact_atte
 from attention_crossval.reference.exact_backward import exact_backward
 from attention_crossval.reference.file_names import MAX_PART, safe_file_name, safe_part
 from attention_crossval.reference.gradients import BackwardCase
+from attention_crossval.testing.broken.cpu_backward_faults import BrokenBackwardAdapter
+from attention_crossval.testing.broken.cpu_faults import GuardedNumpyAdapter
 
 pytestmark = pytest.mark.cpu
 

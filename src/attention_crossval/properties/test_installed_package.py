@@ -131,7 +131,7 @@ def repository(
 
 
 def test_the_installed_copy_is_the_one_imported(repository: pytest.Pytester, site: Path) -> None:
-    code = "import attention_crossval.kernel.registry as m; print(m.__file__)"
+    code = "import attention_crossval.kernel.harness.registry as m; print(m.__file__)"
     result = repository.run(sys.executable, "-c", code)
     assert result.ret == 0, result.stderr.str()
     assert Path(result.outlines[-1]).is_relative_to(site)

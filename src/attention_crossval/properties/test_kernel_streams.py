@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
-from attention_crossval.kernel.registry import resolve
+from attention_crossval.kernel.harness.registry import resolve
 from attention_crossval.properties.strategies import attention_cases, case_features
 from attention_crossval.properties.test_kernels import (
     FREE,

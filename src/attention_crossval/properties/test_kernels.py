@@ -1,4 +1,5 @@
-"""Kernels under test against the references, under the defensive harness (kernel/harness.py).
+"""Kernels under test against the references, under the defensive harness
+(kernel/harness/forward.py).
 
 Kernels come from ``--kernel`` (built-in name or ``package.module:attr``, repeatable); without
 it, every built-in GPU adapter whose package is installed, and without a GPU also the CPU
@@ -28,10 +29,14 @@ import pytest
 from hypothesis import Verbosity, assume, event, given, seed, settings
 from hypothesis import strategies as st
 
-from attention_crossval.kernel.harness import CheckFailed, run_case
-from attention_crossval.kernel.known_findings import covering, run_with_known, xfail_if_known
-from attention_crossval.kernel.registry import resolve
-from attention_crossval.kernel.spec import KernelSpec
+from attention_crossval.kernel.contract.known_findings import (
+    covering,
+    run_with_known,
+    xfail_if_known,
+)
+from attention_crossval.kernel.contract.spec import KernelSpec
+from attention_crossval.kernel.harness.forward import CheckFailed, run_case
+from attention_crossval.kernel.harness.registry import resolve
 from attention_crossval.properties.coverage import coverage_key, feature_sweep, sweep
 from attention_crossval.properties.fail_fast import run_failing_fast, stop_on_fault
 from attention_crossval.properties.kernels_under_test import (
@@ -287,16 +292,16 @@ def test_broken_triton_kernel_is_caught_by_its_check(variant: str) -> None:
     """The deliberately broken kernel fails exactly its named check and no other; the correct one
     passes."""
     case = _TRIGGERS[variant]()
-    broken = resolve(f"attention_crossval.kernel.broken.triton_fa:{variant}")
+    broken = resolve(f"attention_crossval.testing.broken.triton_fa:{variant}")
     verdict = run_case(
-        broken, case, isolated=worker(f"attention_crossval.kernel.broken.triton_fa:{variant}")
+        broken, case, isolated=worker(f"attention_crossval.testing.broken.triton_fa:{variant}")
     )
     assert {f.check for f in verdict.findings} == {broken.expected_check}, verdict.findings
     with pytest.raises(CheckFailed, match=f"^{broken.expected_check}:"):
         verdict.raise_for(broken.expected_check)
     baseline = run_case(
-        resolve("attention_crossval.kernel.broken.triton_fa:correct"),
+        resolve("attention_crossval.testing.broken.triton_fa:correct"),
         case,
-        isolated=worker("attention_crossval.kernel.broken.triton_fa:correct"),
+        isolated=worker("attention_crossval.testing.broken.triton_fa:correct"),
     )
     baseline.raise_for()

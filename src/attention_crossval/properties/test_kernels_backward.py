@@ -3,7 +3,7 @@
 The kernel-suite test is parametrized over ``--kernel`` like ``test_kernels.py`` and marked by
 the kernel's device: the CPU virtual kernel (streaming-fa) runs in the normal ``pytest -m cpu``
 run, GPU kernels under ``-m gpu``. The deliberately broken CPU backward kernels
-(``kernel/broken/cpu_backward_faults.py``) must each be caught by exactly their named checks.
+(``testing/broken/cpu_backward_faults.py``) must each be caught by exactly their named checks.
 """
 
 from __future__ import annotations
@@ -15,21 +15,18 @@ import pytest
 from hypothesis import assume, find, given, seed, settings
 from hypothesis import strategies as st
 
-from attention_crossval.kernel.broken.cpu_backward_faults import (
-    EXPECTED,
-    BrokenBackwardAdapter,
-    trigger_case,
+from attention_crossval.kernel.contract.known_findings import (
+    run_backward_with_known,
+    xfail_if_known,
 )
-from attention_crossval.kernel.broken.cpu_backward_faults import sample_case as _case
-from attention_crossval.kernel.harness import CheckFailed, IsolatedKernel
-from attention_crossval.kernel.harness_backward import (
+from attention_crossval.kernel.contract.spec import KernelSpec
+from attention_crossval.kernel.harness.backward import (
     fill_backward_padding,
     run_backward_case,
 )
-from attention_crossval.kernel.known_findings import run_backward_with_known, xfail_if_known
-from attention_crossval.kernel.references_backward import float64_gradients
-from attention_crossval.kernel.registry import resolve
-from attention_crossval.kernel.spec import KernelSpec
+from attention_crossval.kernel.harness.forward import CheckFailed, IsolatedKernel
+from attention_crossval.kernel.harness.references_backward import float64_gradients
+from attention_crossval.kernel.harness.registry import resolve
 from attention_crossval.properties.fail_fast import run_failing_fast, stop_on_fault
 from attention_crossval.properties.kernels_under_test import (
     chosen_kernels,
@@ -44,6 +41,12 @@ from attention_crossval.pytest_plugin import derived_seed, kernel_seed
 from attention_crossval.reference.case import AttentionCase, CausalAlignment, Mask
 from attention_crossval.reference.gradients import BackwardCase, Gradients
 from attention_crossval.reference.precision import StreamingPrecision
+from attention_crossval.testing.broken.cpu_backward_faults import (
+    EXPECTED,
+    BrokenBackwardAdapter,
+    trigger_case,
+)
+from attention_crossval.testing.broken.cpu_backward_faults import sample_case as _case
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -190,7 +193,7 @@ def test_nondeterministic_backward_is_reported_not_failed() -> None:
 @pytest.mark.cpu
 def test_isolated_backward_crash_is_a_finding_and_the_worker_recovers(tmp_path) -> None:
     worker = IsolatedKernel(
-        "attention_crossval.kernel.broken.cpu_backward_faults:exit_in_backward", timeout_s=30.0
+        "attention_crossval.testing.broken.cpu_backward_faults:exit_in_backward", timeout_s=30.0
     )
     adapter = BrokenBackwardAdapter("exit")
     try:
@@ -232,7 +235,7 @@ def test_torch_float64_gradients_match_the_streaming_float64_tier(
     """The chunked dense torch reference (used on the GPU) agrees with the float64 streaming
     backward on a padded, GQA, causal case, chunks smaller than Sq included."""
     pytest.importorskip("torch", reason="torch is not installed (CI has none)")
-    from attention_crossval.kernel import references_backward
+    from attention_crossval.kernel.harness import references_backward
 
     case = fill_backward_padding(_case(), np.nan)
     expected = float64_gradients(case)
@@ -286,7 +289,7 @@ def test_backward_head_dims_narrow_the_backward_cases() -> None:
 
 @pytest.mark.cpu
 def test_a_declared_backward_needs_the_method() -> None:
-    adapter = resolve("attention_crossval.kernel.broken.cpu_faults:guarded")
+    adapter = resolve("attention_crossval.testing.broken.cpu_faults:guarded")
     adapter.spec = dataclasses.replace(adapter.spec, backward=True)
     with pytest.raises(ValueError, match="spec.backward is True, so it must have backward"):
         run_backward_case(adapter, _case())
@@ -390,8 +393,8 @@ def test_report_rejects_an_unknown_pass(capsys: pytest.CaptureFixture[str]) -> N
 def test_backward_checks_are_in_the_one_vocabulary() -> None:
     """Adapters' ``backward_checks`` use the forward's names; an unknown name is refused."""
     from attention_crossval.kernel.adapters import flash_attn_cute_backward, sdpa, streaming
-    from attention_crossval.kernel.harness import ADAPTER_CHECKS
-    from attention_crossval.kernel.harness_backward import backward_checks
+    from attention_crossval.kernel.harness.backward import backward_checks
+    from attention_crossval.kernel.harness.forward import ADAPTER_CHECKS
 
     for adapter in (
         streaming.create(),

@@ -1,7 +1,8 @@
-"""Known findings (kernel/known_findings.py): a declared divergence keeps its cases in scope and
+"""Known findings (kernel/contract/known_findings.py): a declared divergence keeps its cases in
+scope and
 shows as "known" (report) or xfail (pytest), never as a pass and never hiding another failure.
 The strict-xfail test per known finding is in test_known_strict.py; it is exercised here through
-pytest itself, with the CPU divergent adapters of kernel/broken/cpu_known.py.
+pytest itself, with the CPU divergent adapters of testing/broken/cpu_known.py.
 """
 
 from __future__ import annotations
@@ -16,10 +17,7 @@ import numpy as np
 import pytest
 
 import attention_crossval
-from attention_crossval.kernel.harness import CheckFailed, fill_padding, run_case
-from attention_crossval.kernel.harness_backward import run_backward_case
-from attention_crossval.kernel.hidden_nan import hidden_nan_findings, masked_hidden_keys
-from attention_crossval.kernel.known_findings import (
+from attention_crossval.kernel.contract.known_findings import (
     KnownFinding,
     backward_trigger_case,
     covering,
@@ -28,18 +26,21 @@ from attention_crossval.kernel.known_findings import (
     trigger_case,
     xfail_if_known,
 )
-from attention_crossval.kernel.registry import GPU_BUILTIN, resolve
-from attention_crossval.kernel.spec import KernelSpec
-from attention_crossval.kernel.verdict import Finding
-from attention_crossval.properties.mutants_surface import load_surface_mutant
+from attention_crossval.kernel.contract.spec import KernelSpec
+from attention_crossval.kernel.harness.backward import run_backward_case
+from attention_crossval.kernel.harness.forward import CheckFailed, fill_padding, run_case
+from attention_crossval.kernel.harness.hidden_nan import hidden_nan_findings, masked_hidden_keys
+from attention_crossval.kernel.harness.registry import GPU_BUILTIN, resolve
+from attention_crossval.kernel.harness.verdict import Finding
 from attention_crossval.reference.case import AttentionCase, AttentionResult, Mask
 from attention_crossval.report.configs import Config
 from attention_crossval.report.runner import Kernel, RunOptions
 from attention_crossval.report.session import run_report
+from attention_crossval.testing.mutants_surface import load_surface_mutant
 
 pytestmark = pytest.mark.cpu
 
-CPU_KNOWN = "attention_crossval.kernel.broken.cpu_known"
+CPU_KNOWN = "attention_crossval.testing.broken.cpu_known"
 PLUGIN = "attention_crossval.pytest_plugin"
 LINK = "https://github.com/pytorch/pytorch"
 
@@ -235,7 +236,7 @@ def test_known_padding_read_still_gets_every_other_check() -> None:
         verdict.raise_for("bound")
 
 
-CALL_OPTIONS = "attention_crossval.kernel.broken.cpu_call_options"
+CALL_OPTIONS = "attention_crossval.testing.broken.cpu_call_options"
 
 
 def test_a_read_of_a_page_tail_is_a_padding_read_and_xfails_as_a_known_one() -> None:
@@ -365,8 +366,8 @@ PROPERTY = """
 import pytest
 from hypothesis import assume, given, settings, strategies as st
 
-from attention_crossval.kernel.known_findings import run_with_known, xfail_if_known
-from attention_crossval.kernel.registry import resolve
+from attention_crossval.kernel.contract.known_findings import run_with_known, xfail_if_known
+from attention_crossval.kernel.harness.registry import resolve
 from attention_crossval.properties.strategies import attention_cases
 
 @pytest.mark.cpu
@@ -374,7 +375,7 @@ from attention_crossval.properties.strategies import attention_cases
 @settings(max_examples=15, derandomize=True, database=None, deadline=None)
 @given(data=st.data())
 def test_property(name, data):
-    adapter = resolve("attention_crossval.kernel.broken.cpu_known:" + name)
+    adapter = resolve("attention_crossval.testing.broken.cpu_known:" + name)
     case = data.draw(attention_cases(spec=adapter.spec, max_len=33))
     verdict = run_with_known(adapter, case)
     assume(verdict.skipped is None)

@@ -1,6 +1,7 @@
-"""The strict-xfail test per declared known finding (kernel/known_findings.py) of each kernel under
+"""The strict-xfail test per declared known finding (kernel/contract/known_findings.py) of each
+kernel under
 test (``--kernel``; by default the GPU built-ins, the CPU divergent adapters of
-kernel/broken/cpu_known.py and the paged one of kernel/broken/cpu_call_options.py). It asserts
+testing/broken/cpu_known.py and the paged one of testing/broken/cpu_call_options.py). It asserts
 the known check passes on the finding's trigger case, so it xfails while the divergence lasts
 and an upstream fix fails it (XPASS strict). Each test is marked cpu or gpu by its kernel's
 device.
@@ -10,10 +11,10 @@ from __future__ import annotations
 
 import pytest
 
-from attention_crossval.kernel.harness import CheckFailed, run_case
-from attention_crossval.kernel.harness_backward import run_backward_case
-from attention_crossval.kernel.known_findings import backward_trigger_case, trigger_case
-from attention_crossval.kernel.registry import GPU_BUILTIN
+from attention_crossval.kernel.contract.known_findings import backward_trigger_case, trigger_case
+from attention_crossval.kernel.harness.backward import run_backward_case
+from attention_crossval.kernel.harness.forward import CheckFailed, run_case
+from attention_crossval.kernel.harness.registry import GPU_BUILTIN
 from attention_crossval.properties.kernels_under_test import (
     close_workers,
     kernel_adapter,
@@ -21,12 +22,12 @@ from attention_crossval.properties.kernels_under_test import (
     kernel_spec,
 )
 
-CPU_KNOWN = "attention_crossval.kernel.broken.cpu_known"
+CPU_KNOWN = "attention_crossval.testing.broken.cpu_known"
 DEFAULT_KERNELS = (
     *GPU_BUILTIN,
     f"{CPU_KNOWN}:hidden_rows",
     f"{CPU_KNOWN}:reads_padding",
-    "attention_crossval.kernel.broken.cpu_call_options:reads_page_tail",
+    "attention_crossval.testing.broken.cpu_call_options:reads_page_tail",
 )
 
 

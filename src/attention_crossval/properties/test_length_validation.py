@@ -19,10 +19,9 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from attention_crossval.kernel.broken.cpu_lengths import LaxLengthsAdapter
-from attention_crossval.kernel.isolation import KernelCrashed
-from attention_crossval.kernel.length_checks import check_lengths
-from attention_crossval.kernel.spec import KernelAdapter, KernelSpec
+from attention_crossval.kernel.contract.length_checks import check_lengths
+from attention_crossval.kernel.contract.spec import KernelAdapter, KernelSpec
+from attention_crossval.kernel.harness.isolation import KernelCrashed
 from attention_crossval.properties.kernels_under_test import (
     chosen_kernels,
     kernel_adapter,
@@ -33,6 +32,7 @@ from attention_crossval.properties.strategies import attention_cases
 from attention_crossval.reference.case import AttentionCase, Mask
 from attention_crossval.reference.precision import StreamingPrecision
 from attention_crossval.reference.streaming import streaming_attention
+from attention_crossval.testing.broken.cpu_lengths import LaxLengthsAdapter
 
 GUARD = 64  # NaN rows past each sequence's end: the most a bad length reaches past the tensor
 CORRUPTIONS = ("past", "negative", "count")

@@ -12,9 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attention_crossval.kernel.broken.cpu_long import LATE_KEYS, correct, late_rescale
-from attention_crossval.kernel.references import CaseReferences, reference_findings
-from attention_crossval.kernel.spec import KernelSpec
+from attention_crossval.kernel.contract.spec import KernelSpec
+from attention_crossval.kernel.harness.references import CaseReferences, reference_findings
 from attention_crossval.properties.strategies import attention_cases, long_context_cases
 from attention_crossval.reference.case import AttentionCase, AttentionResult, Mask
 from attention_crossval.reference.masks import key_ranges, visible_all, visible_counts
@@ -24,6 +23,7 @@ from attention_crossval.reference.sampling import adversarial_plan, candidates, 
 from attention_crossval.reference.streaming import RescaleTrace, streaming_attention
 from attention_crossval.report.configs import Config, _mask, preset
 from attention_crossval.report.runner import PHASES
+from attention_crossval.testing.broken.cpu_long import LATE_KEYS, correct, late_rescale
 
 pytestmark = pytest.mark.cpu
 _SPEC = KernelSpec(
@@ -239,8 +239,8 @@ def _patched(tensor, scope):
 
 interpreter._patch_lang_tensor = _patched
 
-from attention_crossval.kernel.broken.triton_fa import correct, late_rescale
-from attention_crossval.kernel.harness import run_case
+from attention_crossval.testing.broken.triton_fa import correct, late_rescale
+from attention_crossval.kernel.harness.forward import run_case
 from attention_crossval.report.configs import Config
 
 case = Config("float16", 16, 16, 384, Hq=2, Hkv=1, distribution="ramp", tile_n=64).build()

@@ -29,8 +29,8 @@ def test_flash_attn_cute_at_long_context(name: str, tmp_path) -> None:
     adversarial row plan with the derived bound) on flash-attn-cute at 64k prefill and 128k
     decode pass, and every phase is timed. The wall-time target is printed, not asserted: a
     cold compile or a loaded host must not turn a correct kernel into a failure."""
-    from attention_crossval.kernel.isolation import IsolatedKernel
-    from attention_crossval.kernel.registry import available
+    from attention_crossval.kernel.harness.isolation import IsolatedKernel
+    from attention_crossval.kernel.harness.registry import available
     from attention_crossval.report.cache import ExactCache
     from attention_crossval.report.runner import Kernel, RunOptions, evaluate
 
@@ -55,7 +55,7 @@ def test_flash_attn_cute_at_long_context(name: str, tmp_path) -> None:
 def _evaluate(config: Config, kernels: dict[str, str], tmp_path: Path, **options) -> dict:
     """The report's records of ``config`` for each ``kernels`` name -> path, each kernel in its
     own worker; the references are computed once and shared."""
-    from attention_crossval.kernel.isolation import IsolatedKernel
+    from attention_crossval.kernel.harness.isolation import IsolatedKernel
     from attention_crossval.report.cache import ExactCache
     from attention_crossval.report.runner import Kernel, RunOptions, evaluate
 
@@ -75,7 +75,7 @@ def _evaluate(config: Config, kernels: dict[str, str], tmp_path: Path, **options
     return found
 
 
-_TRITON = "attention_crossval.kernel.broken.triton_fa"
+_TRITON = "attention_crossval.testing.broken.triton_fa"
 
 
 @pytest.mark.gpu
@@ -117,7 +117,7 @@ def test_a_tensor_above_2_31_elements_is_checked(tmp_path, monkeypatch) -> None:
     its largest logit on the last key (past element 2^31). flash-attn-cute is checked like any
     long case and must pass; with triton, the Triton kernel passes too (int64 offsets) and its
     int32-offset variant, whose offsets wrap there, must not."""
-    from attention_crossval.kernel.registry import available
+    from attention_crossval.kernel.harness.registry import available
 
     reason = _huge_memory_reason()
     if reason is not None:

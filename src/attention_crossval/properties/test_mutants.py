@@ -1,4 +1,4 @@
-"""properties/mutants.py: the float64 agreement property catches every broken streaming tier.
+"""testing/mutants.py: the float64 agreement property catches every broken streaming tier.
 
 Each mutant is hunted with ``attention_cases()`` for the loaded profile's ``max_examples``,
 derandomized (the same cases on every run, whatever the run's seed) and without the shrink
@@ -16,7 +16,9 @@ import pytest
 from hypothesis import Phase, settings
 from hypothesis.errors import FailedHealthCheck, FlakyFailure
 
-from attention_crossval.properties.mutants import (
+from attention_crossval.properties.strategies import REFERENCE_SPEC, attention_cases
+from attention_crossval.reference import streaming as reference_streaming
+from attention_crossval.testing.mutants import (
     MUTANTS,
     MutantRotError,
     Mutation,
@@ -26,8 +28,6 @@ from attention_crossval.properties.mutants import (
     mutated_module,
     trigger_case,
 )
-from attention_crossval.properties.strategies import REFERENCE_SPEC, attention_cases
-from attention_crossval.reference import streaming as reference_streaming
 
 pytestmark = pytest.mark.cpu
 

@@ -1,4 +1,4 @@
-"""properties/mutants_backward.py: every broken streaming backward is caught by its named
+"""testing/mutants_backward.py: every broken streaming backward is caught by its named
 property, deterministically: on the mutant's explicit example, and under derandomized
 generation (no explicit example, no database, no shrinking)."""
 
@@ -11,12 +11,12 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 
 from attention_crossval.properties.backward_properties import PROPERTIES
-from attention_crossval.properties.mutants_backward import (
+from attention_crossval.reference import streaming_backward as tier
+from attention_crossval.testing.mutants_backward import (
     BACKWARD_MUTANTS,
     hunt_backward,
     load_backward_mutant,
 )
-from attention_crossval.reference import streaming_backward as tier
 
 pytestmark = pytest.mark.cpu
 

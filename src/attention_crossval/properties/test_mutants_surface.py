@@ -1,4 +1,4 @@
-"""properties/mutants_surface.py: the float64 agreement property, run on softcap and sink cases,
+"""testing/mutants_surface.py: the float64 agreement property, run on softcap and sink cases,
 catches each broken streaming tier; the unmutated tier passes the same property. The split-KV
 and paged mutants, inside the CPU ``streaming-fa`` kernel, fail the kernel suite's checks on
 their trigger cases and are found by its property on the default strategy (the 10-seed sweep
@@ -13,18 +13,23 @@ import pytest
 from hypothesis import Phase, find, settings
 from hypothesis import strategies as st
 
-from attention_crossval.kernel import call_options
 from attention_crossval.kernel.adapters import streaming as streaming_adapter
 from attention_crossval.kernel.adapters.streaming import StreamingAdapter
-from attention_crossval.kernel.harness import run_case
+from attention_crossval.kernel.contract import call_options
+from attention_crossval.kernel.harness.forward import run_case
 from attention_crossval.properties._strategies.paged import (
     filling_page_sizes,
     page_sizes,
     with_pages,
 )
 from attention_crossval.properties._strategies.splits import draw_num_splits, split_choices
-from attention_crossval.properties.mutants import hunt
-from attention_crossval.properties.mutants_surface import (
+from attention_crossval.properties.strategies import attention_cases
+from attention_crossval.reference import paged as reference_paged
+from attention_crossval.reference import splitkv as reference_splitkv
+from attention_crossval.reference import streaming as reference_streaming
+from attention_crossval.reference.case import AttentionCase, Mask
+from attention_crossval.testing.mutants import hunt
+from attention_crossval.testing.mutants_surface import (
     KERNEL_MUTANTS,
     SURFACE_MUTANTS,
     SURFACE_SPEC,
@@ -35,11 +40,6 @@ from attention_crossval.properties.mutants_surface import (
     surface_reference_cases,
     surface_trigger_case,
 )
-from attention_crossval.properties.strategies import attention_cases
-from attention_crossval.reference import paged as reference_paged
-from attention_crossval.reference import splitkv as reference_splitkv
-from attention_crossval.reference import streaming as reference_streaming
-from attention_crossval.reference.case import AttentionCase, Mask
 
 # A caught mutant's falsifying case is printed; a big one makes Hypothesis warn about its repr.
 pytestmark = [pytest.mark.cpu, pytest.mark.filterwarnings("ignore:Generating overly large repr")]

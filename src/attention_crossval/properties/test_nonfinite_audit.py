@@ -22,18 +22,18 @@ import pytest
 from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
-from attention_crossval.kernel.broken.cpu_backward_faults import BrokenBackwardAdapter
-from attention_crossval.kernel.broken.cpu_faults import GuardedNumpyAdapter
-from attention_crossval.kernel.harness import run_case
-from attention_crossval.kernel.harness_backward import run_backward_case
-from attention_crossval.kernel.references import CaseReferences, output_dtype
-from attention_crossval.kernel.references_backward import BackwardReferences
-from attention_crossval.kernel.spec import KernelSpec
+from attention_crossval.kernel.contract.spec import KernelSpec
+from attention_crossval.kernel.harness.backward import run_backward_case
+from attention_crossval.kernel.harness.forward import run_case
+from attention_crossval.kernel.harness.references import CaseReferences, output_dtype
+from attention_crossval.kernel.harness.references_backward import BackwardReferences
 from attention_crossval.properties.strategies import attention_cases, backward_cases
 from attention_crossval.reference.case import AttentionCase, AttentionResult, Mask
 from attention_crossval.reference.compare import compare, outside_tolerance
 from attention_crossval.reference.gradients import BackwardCase, Gradients
 from attention_crossval.reference.masks import empty_rows, hidden_keys
+from attention_crossval.testing.broken.cpu_backward_faults import BrokenBackwardAdapter
+from attention_crossval.testing.broken.cpu_faults import GuardedNumpyAdapter
 
 pytestmark = pytest.mark.cpu
 

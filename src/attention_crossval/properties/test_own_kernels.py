@@ -33,8 +33,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attention_crossval.kernel.adapters.own_sm90 import DEFAULT_KNOBS, window_bounds
-from attention_crossval.kernel.harness import run_case
-from attention_crossval.kernel.registry import BUILTIN, NEVER_RUN, resolve
+from attention_crossval.kernel.harness.forward import run_case
+from attention_crossval.kernel.harness.registry import BUILTIN, NEVER_RUN, resolve
 from attention_crossval.properties.kernels_under_test import worker
 from attention_crossval.properties.test_kernels import (  # noqa: F401 - autouse fixture, reused
     _close_workers,
@@ -317,8 +317,8 @@ def test_sm90_longest_first_order_is_a_permutation() -> None:
     permutation of the tiles, in decreasing causal work with ``longest_first``: every tile is
     computed exactly once (the block walk of each tile is the one replayed below), and the
     first CTA gets the tile with the most KV blocks."""
-    from attention_crossval.kernel.common.mask import kv_block_range
-    from attention_crossval.kernel.sm90.schedule import tile_for_block
+    from attention_crossval.kernel.own.common.mask import kv_block_range
+    from attention_crossval.kernel.own.sm90.schedule import tile_for_block
 
     for num_m_blocks in (1, 2, 7, 32):
         for longest_first in (False, True):
@@ -342,7 +342,7 @@ def test_sm90_has_no_register_spills(capfd: pytest.CaptureFixture[str]) -> None:
     assert_no_spills("".join(capfd.readouterr()))
 
 
-# A masked score becomes -inf by one select (kernel/common/mask.py); the kernel has few others.
+# A masked score becomes -inf by one select (kernel/own/common/mask.py); the kernel has few others.
 MASK_SELECT = re.compile(r"selp\.f32\s")
 SCORES_PER_THREAD = 64  # a warpgroup's 64 x 128 scores over its 128 threads
 
@@ -394,7 +394,7 @@ def test_sm90_register_views_match_the_mma_layouts(head_dim: int, num_wg: int) -
     from cutlass.cute.nvgpu import OperandMajorMode, warpgroup
 
     from attention_crossval.kernel.adapters.own_sm90 import TILE_N
-    from attention_crossval.kernel.sm90.fwd import ROWS_PER_WG, acc_as_operand_a, acc_rows_cols
+    from attention_crossval.kernel.own.sm90.fwd import ROWS_PER_WG, acc_as_operand_a, acc_rows_cols
 
     tile_m = ROWS_PER_WG * num_wg  # num_wg consumer warpgroups: 128 or (m192) 192 rows
     threads = [0, 1, 2, 3, 4, 5, 6, 7, 31, 32, 33, 34, 35, 97, 127, 128, 129, 130, 131, 254]
@@ -551,7 +551,7 @@ def test_sm90_smem_epilogue_copies_match_the_mma_layout(head_dim: int, num_wg: i
     from cutlass.cute.nvgpu import OperandMajorMode, warpgroup
     from cutlass.tensor_utils import LayoutEnum
 
-    from attention_crossval.kernel.sm90.fwd import ROWS_PER_WG, WG_THREADS
+    from attention_crossval.kernel.own.sm90.fwd import ROWS_PER_WG, WG_THREADS
 
     tile_m, threads = ROWS_PER_WG * num_wg, WG_THREADS * num_wg
     thread_ids = list(range(threads))
@@ -709,8 +709,12 @@ def test_sm90_persistent_tile_walk_visits_every_tile_once() -> None:
     once; in longest-first order (causal, windowed) each L2 section of (batch, head) pairs is
     walked in non-increasing causal work, its pairs' K and V within :data:`LPT_L2_BYTES`; in the
     natural order consecutive tiles walk m_block first, as the one-tile grid does."""
-    from attention_crossval.kernel.common.mask import kv_block_range
-    from attention_crossval.kernel.sm90.schedule import LPT_L2_BYTES, lpt_section, persistent_tile
+    from attention_crossval.kernel.own.common.mask import kv_block_range
+    from attention_crossval.kernel.own.sm90.schedule import (
+        LPT_L2_BYTES,
+        lpt_section,
+        persistent_tile,
+    )
 
     for num_m, H, B, Sk in ((8, 16, 16, 1024), (32, 16, 4, 4096), (3, 5, 7, 300), (1, 1, 1, 5)):
         num_hb, tiles = H * B, num_m * H * B
@@ -757,7 +761,7 @@ def test_kernel_block_walk_sees_exactly_the_visible_keys(
     tiles: tuple[int, int], causal: bool, data: st.DataObject
 ) -> None:
     """The SM90 kernel's walk over the KV blocks, replayed on Python ints with the helpers it
-    calls (kernel/common/mask.py) and the adapter's window clamp, for every query tile:
+    calls (kernel/own/common/mask.py) and the adapter's window clamp, for every query tile:
 
     * it visits exactly the KV blocks holding a key some valid row of the tile sees (none for a
       tile past ``q_length``: varlen padding, nor past ``k_length``), so skipping the others at
@@ -771,7 +775,7 @@ def test_kernel_block_walk_sees_exactly_the_visible_keys(
     The kernel's 128 x 128 tiles, and small ones with the same arithmetic, where a few hundred
     examples reach every alignment of lengths and window sides to the tile edges.
     """
-    from attention_crossval.kernel.common.mask import (
+    from attention_crossval.kernel.own.common.mask import (
         block_needs_mask,
         key_range,
         kv_block_range,

@@ -1,4 +1,4 @@
-"""The project's own SM100 kernel (kernel/sm100/fwd.py): compile-only checks, since no Blackwell
+"""The project's own SM100 kernel (kernel/own/sm100/fwd.py): compile-only checks, since no Blackwell
 GPU exists anywhere this project runs.
 
 CPU (``cutlass`` from nvidia-cutlass-dsl, no GPU): every configuration the adapter declares
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from attention_crossval.kernel.harness import run_case
-from attention_crossval.kernel.registry import resolve
+from attention_crossval.kernel.harness.forward import run_case
+from attention_crossval.kernel.harness.registry import resolve
 from attention_crossval.properties.kernels_under_test import worker
 from attention_crossval.properties.test_kernels import (  # noqa: F401 - autouse fixture, reused
     _close_workers,
@@ -65,7 +65,7 @@ def test_sm100_compiles_to_tcgen05_without_spills(
     KV block; for bf16 causal (fp16 differs only in the MMA kind and the conversion, non-causal
     only lacks the mask, and a ptxas report costs ~2 s) ptxas (``remarks{ptx}``) reports 0 spill
     bytes."""
-    from attention_crossval.kernel.sm100.fwd import TILE_N, FlashAttentionForwardSm100
+    from attention_crossval.kernel.own.sm100.fwd import TILE_N, FlashAttentionForwardSm100
 
     check_spills = dtype == "bfloat16" and causal
     options = f"--keep-ptx --dump-dir={tmp_path}" + (" remarks{ptx}" if check_spills else "")
@@ -101,7 +101,7 @@ def test_sm100_tmem_views_give_one_row_per_thread(head_dim: int) -> None:
 
     from attention_crossval.kernel.adapters.own_sm100 import TILE_M as ADAPTER_TILE_M
     from attention_crossval.kernel.adapters.own_sm100 import TILE_N as ADAPTER_TILE_N
-    from attention_crossval.kernel.sm100.fwd import (
+    from attention_crossval.kernel.own.sm100.fwd import (
         O_COL,
         P_COL,
         S_COL,

@@ -10,7 +10,6 @@ from hypothesis import given, settings
 from hypothesis.errors import NoSuchExample
 
 from attention_crossval.properties._strategies.paged import paged_cases
-from attention_crossval.properties.mutants_surface import load_surface_mutant
 from attention_crossval.properties.strategies import REFERENCE_SPEC, attention_cases
 from attention_crossval.reference.bounds import error_bound, lse_error_bound
 from attention_crossval.reference.case import AttentionCase, Mask
@@ -19,6 +18,7 @@ from attention_crossval.reference.exact import exact_attention
 from attention_crossval.reference.paged import page_kv, paged_attention, read_pages
 from attention_crossval.reference.precision import StreamingPrecision
 from attention_crossval.reference.streaming import streaming_attention
+from attention_crossval.testing.mutants_surface import load_surface_mutant
 
 pytestmark = pytest.mark.cpu
 

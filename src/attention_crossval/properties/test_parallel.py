@@ -75,7 +75,7 @@ def test_references_by_units_equal_the_whole_case_tiers(parallel, monkeypatch) -
     """CaseReferences computes exact, streaming and bounds per unit and reassembles them by
     head: the result must be the tiers' own on the whole case (a slip in a unit's head slice
     would mix up the heads of a GQA group)."""
-    from attention_crossval.kernel import references
+    from attention_crossval.kernel.harness import references
     from attention_crossval.reference.bounds import error_bound, lse_error_bound
     from attention_crossval.reference.exact import exact_attention
     from attention_crossval.reference.precision import StreamingPrecision

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from attention_crossval.kernel.verdict import CheckFailed
+from attention_crossval.kernel.harness.verdict import CheckFailed
 from attention_crossval.pytest_plugin import one_line_finding
 
 pytestmark = pytest.mark.cpu
@@ -27,7 +27,7 @@ import os
 
 import pytest
 
-from attention_crossval.kernel.verdict import CheckFailed
+from attention_crossval.kernel.harness.verdict import CheckFailed
 
 pytestmark = pytest.mark.cpu
 

@@ -1,6 +1,6 @@
 """``replay`` reruns the kernel a case was saved for, on the pass it was saved for; failures of
 the kernel suites print a compact summary whose ``reproduce:`` command is that replay; findings
-name a likely cause where the error's shape points at one (``kernel.cause_hints``)."""
+name a likely cause where the error's shape points at one (``kernel.harness.cause_hints``)."""
 
 from __future__ import annotations
 
@@ -14,19 +14,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attention_crossval.kernel.broken.cpu_mistakes import MistakenAdapter
-from attention_crossval.kernel.cause_hints import cause_hint
-from attention_crossval.kernel.harness import IsolatedKernel, run_case
-from attention_crossval.kernel.references import float64_reference
+from attention_crossval.kernel.harness.cause_hints import cause_hint
+from attention_crossval.kernel.harness.forward import IsolatedKernel, run_case
+from attention_crossval.kernel.harness.references import float64_reference
 from attention_crossval.properties import replay
 from attention_crossval.reference.case import AttentionCase, AttentionResult, Mask
 from attention_crossval.reference.gradients import BackwardCase
+from attention_crossval.testing.broken.cpu_mistakes import MistakenAdapter
 
 pytestmark = pytest.mark.cpu
 
 ROOT = Path(__file__).resolve().parents[3]
-MISTAKES = "attention_crossval.kernel.broken.cpu_mistakes"
-BACKWARD_FAULTS = "attention_crossval.kernel.broken.cpu_backward_faults"
+MISTAKES = "attention_crossval.testing.broken.cpu_mistakes"
+BACKWARD_FAULTS = "attention_crossval.testing.broken.cpu_backward_faults"
 
 
 def _causal_case(Sq: int = 6, Sk: int = 4) -> AttentionCase:

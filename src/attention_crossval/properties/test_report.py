@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attention_crossval.kernel.registry import resolve
+from attention_crossval.kernel.harness.registry import resolve
 from attention_crossval.reference.case import AttentionResult
 from attention_crossval.report import configs as report_configs
 from attention_crossval.report.cli import main

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from attention_crossval.kernel.registry import resolve
+from attention_crossval.kernel.harness.registry import resolve
 from attention_crossval.report.cli import main
 from attention_crossval.report.configs import PRESETS, preset
 from attention_crossval.report.schema import validate

@@ -19,8 +19,8 @@ from attention_crossval.report.markdown import fmt
 
 pytestmark = pytest.mark.cpu
 
-NO_MASK = "attention_crossval.kernel.broken.cpu_mistakes:no_causal_mask"
-RAISES = "attention_crossval.kernel.broken.cpu_faults:raises"
+NO_MASK = "attention_crossval.testing.broken.cpu_mistakes:no_causal_mask"
+RAISES = "attention_crossval.testing.broken.cpu_faults:raises"
 TINY = ["--preset", "tiny", "--rows", "8", "--no-progress"]
 
 

@@ -16,7 +16,7 @@ from attention_crossval.report.cli import main
 
 pytestmark = pytest.mark.cpu
 
-BROKEN = "attention_crossval.kernel.broken"
+BROKEN = "attention_crossval.testing.broken"
 TINY = ["--preset", "tiny", "--only", "none", "--tier", "streaming", "--no-html", "--no-progress"]
 
 GOOD = {"dtype": "bfloat16", "D": 64, "Sq": 8, "Sk": 8}

@@ -17,11 +17,10 @@ import pytest
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
-from attention_crossval.kernel.registry import resolve
-from attention_crossval.kernel.spec import MASK_KINDS, KernelSpec
+from attention_crossval.kernel.contract.spec import MASK_KINDS, KernelSpec
+from attention_crossval.kernel.harness.registry import resolve
 from attention_crossval.properties import replay
 from attention_crossval.properties.coverage import coverage_key, sweep
-from attention_crossval.properties.mutants import MUTANTS, trigger_case
 from attention_crossval.properties.strategies import (
     DISTRIBUTIONS,
     REFERENCE_SPEC,
@@ -35,6 +34,7 @@ from attention_crossval.pytest_plugin import (
     _git_head,
     derived_seed,
 )
+from attention_crossval.testing.mutants import MUTANTS, trigger_case
 
 pytestmark = pytest.mark.cpu
 

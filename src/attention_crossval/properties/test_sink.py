@@ -12,9 +12,8 @@ import pytest
 from hypothesis import given
 
 from attention_crossval.kernel.adapters.streaming import StreamingAdapter, create
-from attention_crossval.kernel.harness import run_case
+from attention_crossval.kernel.harness.forward import run_case
 from attention_crossval.properties._strategies.surface import SURFACES, surface_of
-from attention_crossval.properties.mutants_surface import surface_reference_cases
 from attention_crossval.reference.bounds import error_bound, lse_error_bound
 from attention_crossval.reference.case import AttentionCase, AttentionResult, Mask
 from attention_crossval.reference.compare import assert_within_bound
@@ -22,6 +21,7 @@ from attention_crossval.reference.exact import exact_attention, naive_exact_atte
 from attention_crossval.reference.masks import empty_rows
 from attention_crossval.reference.precision import StreamingPrecision
 from attention_crossval.reference.streaming import streaming_attention
+from attention_crossval.testing.mutants_surface import surface_reference_cases
 
 pytestmark = pytest.mark.cpu
 

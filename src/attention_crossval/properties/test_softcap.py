@@ -13,9 +13,8 @@ import pytest
 from hypothesis import given
 from mpmath.libmp import from_man_exp, mpf_sub, mpf_tanh, to_float
 
-from attention_crossval.kernel.spec import KernelSpec
+from attention_crossval.kernel.contract.spec import KernelSpec
 from attention_crossval.properties._strategies.surface import SURFACES, surface_cases, surface_of
-from attention_crossval.properties.mutants_surface import SURFACE_SPEC, surface_reference_cases
 from attention_crossval.properties.strategies import attention_cases
 from attention_crossval.reference.bounds import error_bound, lse_error_bound
 from attention_crossval.reference.case import AttentionCase, Mask
@@ -28,6 +27,7 @@ from attention_crossval.reference.exact import (
 from attention_crossval.reference.precision import StreamingPrecision
 from attention_crossval.reference.streaming import FLOAT64_PRECISION, streaming_attention
 from attention_crossval.report.configs import Config
+from attention_crossval.testing.mutants_surface import SURFACE_SPEC, surface_reference_cases
 
 pytestmark = pytest.mark.cpu
 

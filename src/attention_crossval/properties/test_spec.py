@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from attention_crossval.kernel.spec import KernelSpec
+from attention_crossval.kernel.contract.spec import KernelSpec
 from attention_crossval.reference.case import AttentionCase, CausalAlignment
 from attention_crossval.reference.precision import StreamingPrecision
 

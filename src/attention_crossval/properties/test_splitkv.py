@@ -9,10 +9,6 @@ from hypothesis import given, settings
 from hypothesis.errors import NoSuchExample
 
 from attention_crossval.properties._strategies.splits import num_splits_of, splitkv_cases
-from attention_crossval.properties.mutants_surface import (
-    load_surface_mutant,
-    surface_reference_cases,
-)
 from attention_crossval.properties.strategies import REFERENCE_SPEC, attention_cases
 from attention_crossval.reference.bounds import error_bound, lse_error_bound
 from attention_crossval.reference.case import AttentionCase, Mask
@@ -21,6 +17,10 @@ from attention_crossval.reference.exact import exact_attention
 from attention_crossval.reference.precision import StreamingPrecision
 from attention_crossval.reference.splitkv import combine, split_blocks, splitkv_attention
 from attention_crossval.reference.streaming import streaming_attention
+from attention_crossval.testing.mutants_surface import (
+    load_surface_mutant,
+    surface_reference_cases,
+)
 
 pytestmark = pytest.mark.cpu
 

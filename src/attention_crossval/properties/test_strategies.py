@@ -12,7 +12,7 @@ import pytest
 from hypothesis import event, find, given, settings
 from hypothesis import strategies as st
 
-from attention_crossval.kernel.spec import KernelSpec
+from attention_crossval.kernel.contract.spec import KernelSpec
 from attention_crossval.properties import coverage
 from attention_crossval.properties.replay import reproducer_on_failure, save_case
 from attention_crossval.properties.strategies import (

@@ -1,4 +1,4 @@
-"""kernel/verdict.py: the triage hint names a neighbouring precision chain that would pass.
+"""kernel/harness/verdict.py: the triage hint names a neighbouring precision chain that would pass.
 
 The kernels here are the streaming tier run under one chain while declaring another: faithful
 implementations with a wrong declaration, the case the hint exists for.
@@ -11,9 +11,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from attention_crossval.kernel.harness import run_case
-from attention_crossval.kernel.spec import KernelSpec
-from attention_crossval.kernel.verdict import Finding, chain_hint, neighbour_chains
+from attention_crossval.kernel.contract.spec import KernelSpec
+from attention_crossval.kernel.harness.forward import run_case
+from attention_crossval.kernel.harness.verdict import Finding, chain_hint, neighbour_chains
 from attention_crossval.reference.case import AttentionCase, AttentionResult
 from attention_crossval.reference.precision import StreamingPrecision
 from attention_crossval.reference.streaming import streaming_attention

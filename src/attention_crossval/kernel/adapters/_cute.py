@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from attention_crossval.kernel.spec import KernelSpec
+from attention_crossval.kernel.contract.spec import KernelSpec
 from attention_crossval.reference.case import CausalAlignment
 
 # (kernel name, dtype, D, causal, varlen, window, variant) -> compiled kernel, for this process
@@ -60,7 +60,7 @@ def launch(
     ``make_kernel(dtype, D, causal)`` builds the kernel object on first use of that combination
     in this process.
 
-    For a kernel that takes them (kernel/sm90/fwd.py): ``gqa`` allows Hq a multiple of Hkv;
+    For a kernel that takes them (kernel/own/sm90/fwd.py): ``gqa`` allows Hq a multiple of Hkv;
     ``lengths`` are int32 ``[B]`` CUDA tensors of the valid q and k lengths (padded layout);
     ``window`` is ``(left, right)``, clamped as :func:`kernel.adapters.own_sm90.window_bounds`
     does. Lengths and window go to the kernel as trailing arguments (None when absent).
@@ -74,7 +74,7 @@ def launch(
     import torch
     from cutlass.cute.runtime import from_dlpack
 
-    from attention_crossval.kernel.common.softmax import LOG2_E
+    from attention_crossval.kernel.own.common.softmax import LOG2_E
 
     Hq, Hkv = q.shape[2], k.shape[2]
     if (Hq % Hkv if gqa else Hq != Hkv) or not Hkv:

@@ -46,8 +46,8 @@ from typing import Any
 
 from attention_crossval.kernel.adapters import _torch
 from attention_crossval.kernel.adapters.flash_attn_cute_backward import CuteBackward, seqused
-from attention_crossval.kernel.known_findings import KnownFinding
-from attention_crossval.kernel.spec import KernelSpec
+from attention_crossval.kernel.contract.known_findings import KnownFinding
+from attention_crossval.kernel.contract.spec import KernelSpec
 from attention_crossval.reference.case import AttentionCase, CausalAlignment
 
 # SM90's K tile per D (interface._tile_size_fwd_sm90): a D with several tiles gets 16, which
@@ -178,7 +178,8 @@ class FlashAttnCuteAdapter(CuteBackward, _torch.GuardedOutputsAdapter):
     backward, :class:`~kernel.adapters.flash_attn_cute_backward.CuteBackward`)."""
 
     spec: KernelSpec = field(default_factory=_spec)
-    # NaN in K/V that no query sees, too (kernel/hidden_nan.py): one more launch per case with
+    # NaN in K/V that no query sees, too (kernel/harness/hidden_nan.py): one more launch per case
+    # with
     # hidden keys, which the GPU suite affords.
     checks: frozenset[str] = _torch.GUARDED_CHECKS | {"hidden-nan"}
 

@@ -19,8 +19,8 @@ import dataclasses
 from typing import Any
 
 from attention_crossval.kernel.adapters import _torch
-from attention_crossval.kernel.harness import fill_padding
-from attention_crossval.kernel.spec import KernelSpec
+from attention_crossval.kernel.contract.spec import KernelSpec
+from attention_crossval.kernel.harness.forward import fill_padding
 from attention_crossval.reference.gradients import BackwardCase, Gradients
 
 

@@ -40,8 +40,8 @@ from typing import Any
 import numpy as np
 
 from attention_crossval.kernel.adapters import _torch
-from attention_crossval.kernel.known_findings import KnownFinding
-from attention_crossval.kernel.spec import MASK_KINDS, KernelSpec
+from attention_crossval.kernel.contract.known_findings import KnownFinding
+from attention_crossval.kernel.contract.spec import MASK_KINDS, KernelSpec
 from attention_crossval.reference.case import AttentionCase, AttentionResult, CausalAlignment
 from attention_crossval.reference.precision import StreamingPrecision
 
