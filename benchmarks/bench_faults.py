@@ -83,7 +83,8 @@ def restart_seconds(restarts: int) -> list[float]:
     """Seconds to start ``cpu_exits:segfault``'s worker, first and after each crash."""
     import numpy as np
 
-    from attention_crossval.kernel.harness.isolation import IsolatedKernel, KernelCrashed
+    from attention_crossval.kernel.harness.execution import KernelCrashed
+    from attention_crossval.kernel.harness.isolation import IsolatedKernel
     from attention_crossval.reference.case import AttentionCase
 
     rng = np.random.default_rng(0)

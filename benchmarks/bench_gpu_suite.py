@@ -35,12 +35,12 @@ def _shard(
 ) -> dict:
     from hypothesis import HealthCheck, Phase, given, seed, settings
 
-    from attention_crossval.kernel.contract.known_findings import (
+    from attention_crossval.kernel.harness.isolation import IsolatedKernel
+    from attention_crossval.kernel.harness.known import (
         covering,
         run_backward_with_known,
         run_with_known,
     )
-    from attention_crossval.kernel.harness.forward import IsolatedKernel
     from attention_crossval.properties.strategies import attention_cases, backward_cases
 
     worker = IsolatedKernel(kernel, timeout_s=120.0)

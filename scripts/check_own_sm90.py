@@ -51,8 +51,8 @@ ACCURACY_SHAPES = [  # (B, H, Sq, Sk, D, dtype, causal)
 def accuracy(rows: list[str]) -> None:
     import numpy as np
 
-    from attention_crossval.kernel.adapters._torch import float64_reference
     from attention_crossval.kernel.adapters.own_sm90 import create
+    from attention_crossval.kernel.harness.references import float64_reference
     from attention_crossval.reference.bounds import error_bound, lse_error_bound
     from attention_crossval.reference.case import INPUT_DTYPES, AttentionCase, Mask
     from attention_crossval.reference.compare import compare
@@ -73,7 +73,7 @@ def accuracy(rows: list[str]) -> None:
             key = (dtype, D, causal)
             note = f"first call {first:.1f} s (compile)" if key not in seen else ""
             seen.add(key)
-            reference = float64_reference(case)
+            reference = float64_reference(case, "cuda")
             precision = adapter.spec.precision_for(dtype)
             bound = error_bound(case, reference, precision, block_n=adapter.spec.tile_n)
             lse_bound = lse_error_bound(case, reference, precision, block_n=adapter.spec.tile_n)

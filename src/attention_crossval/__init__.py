@@ -12,13 +12,13 @@ shadow them.
 
 from __future__ import annotations
 
+from attention_crossval.kernel.contract.declined import Declined
 from attention_crossval.kernel.contract.known_findings import KnownFinding
 from attention_crossval.kernel.contract.spec import (
     BackwardKernelAdapter,
     KernelAdapter,
     KernelSpec,
 )
-from attention_crossval.kernel.harness.isolation import Declined
 from attention_crossval.reference.case import (
     AttentionCase,
     AttentionResult,

@@ -226,12 +226,12 @@ def replay_kernel(path: Path, kernel: str, which: str) -> tuple[str, bool]:
     """Rerun ``kernel`` on the case saved at ``path`` through the suite's checks for pass
     ``which`` ("forward" or "backward"); returns ``(report text, failed)``. Known findings of
     the kernel do not fail, as in the suite. ValueError when the kernel cannot load."""
-    from attention_crossval.kernel.contract.known_findings import (
+    from attention_crossval.kernel.harness.isolation import IsolatedKernel
+    from attention_crossval.kernel.harness.known import (
         covering,
         run_backward_with_known,
         run_with_known,
     )
-    from attention_crossval.kernel.harness.isolation import IsolatedKernel
     from attention_crossval.kernel.harness.registry import IN_PROCESS, resolve
 
     adapter = resolve(kernel) if kernel in IN_PROCESS else IsolatedKernel(kernel, timeout_s=300.0)

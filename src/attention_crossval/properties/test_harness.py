@@ -19,16 +19,13 @@ import pytest
 from hypothesis import given, settings
 
 from attention_crossval.kernel.adapters import _torch, sdpa, streaming
-from attention_crossval.kernel.harness import registry
-from attention_crossval.kernel.harness.forward import (
-    ADAPTER_CHECKS,
-    CheckFailed,
-    IsolatedKernel,
-    applied_checks,
-    fill_padding,
-    run_case,
-)
+from attention_crossval.kernel.contract.checks import ADAPTER_CHECKS
+from attention_crossval.kernel.harness import isolation, registry
+from attention_crossval.kernel.harness.execution import applied_checks
+from attention_crossval.kernel.harness.forward import fill_padding, run_case
+from attention_crossval.kernel.harness.isolation import IsolatedKernel
 from attention_crossval.kernel.harness.references import output_dtype
+from attention_crossval.kernel.harness.verdict import CheckFailed
 from attention_crossval.properties.strategies import attention_cases
 from attention_crossval.reference.case import AttentionCase, AttentionResult, Mask
 from attention_crossval.reference.precision import StreamingPrecision
@@ -235,14 +232,14 @@ def test_registry_rejects_bad_names(name: str, message: str) -> None:
 def test_factory_faults_in_the_worker_are_value_errors(factory: str, message: str) -> None:
     """Regression: the factory ran in the parent, so a crashing one ended the run."""
     with pytest.raises(ValueError, match=f"^kernel='{FAULTS}:{factory}': .*{message}"):
-        registry.describe(f"{FAULTS}:{factory}", start_timeout_s=60.0)
+        isolation.describe(f"{FAULTS}:{factory}", start_timeout_s=60.0)
 
 
 def test_hanging_factory_is_a_start_timeout() -> None:
     """Regression: a factory that never returned hung the run before any config started. (A
     start slower than 3 s under load gives the same answer: the factory never returns.)"""
     with pytest.raises(ValueError, match=r"no answer within 3 s \(worker start"):
-        registry.describe(f"{FAULTS}:factory_hangs", start_timeout_s=3.0)
+        isolation.describe(f"{FAULTS}:factory_hangs", start_timeout_s=3.0)
 
 
 def test_describe_learns_the_spec_without_importing_the_kernel_here(tmp_path, monkeypatch) -> None:
@@ -252,10 +249,10 @@ def test_describe_learns_the_spec_without_importing_the_kernel_here(tmp_path, mo
         "from attention_crossval.testing.broken.cpu_faults import guarded as create\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    spec = registry.describe("user_kernel_9:create", start_timeout_s=60.0)
+    spec = isolation.describe("user_kernel_9:create", start_timeout_s=60.0)
     assert spec == GuardedNumpyAdapter().spec
     assert "user_kernel_9" not in sys.modules
-    assert registry.describe("streaming-fa").device == "cpu"  # in process: a built-in opt-in
+    assert isolation.describe("streaming-fa").device == "cpu"  # in process: a built-in opt-in
 
 
 @pytest.mark.parametrize("isolated", [False, True], ids=["in-process", "isolated"])

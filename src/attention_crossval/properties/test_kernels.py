@@ -29,14 +29,11 @@ import pytest
 from hypothesis import Verbosity, assume, event, given, seed, settings
 from hypothesis import strategies as st
 
-from attention_crossval.kernel.contract.known_findings import (
-    covering,
-    run_with_known,
-    xfail_if_known,
-)
 from attention_crossval.kernel.contract.spec import KernelSpec
-from attention_crossval.kernel.harness.forward import CheckFailed, run_case
+from attention_crossval.kernel.harness.forward import run_case
+from attention_crossval.kernel.harness.known import covering, run_with_known, xfail_if_known
 from attention_crossval.kernel.harness.registry import resolve
+from attention_crossval.kernel.harness.verdict import CheckFailed
 from attention_crossval.properties.coverage import coverage_key, feature_sweep, sweep
 from attention_crossval.properties.fail_fast import run_failing_fast, stop_on_fault
 from attention_crossval.properties.kernels_under_test import (

@@ -15,18 +15,16 @@ import pytest
 from hypothesis import assume, find, given, seed, settings
 from hypothesis import strategies as st
 
-from attention_crossval.kernel.contract.known_findings import (
-    run_backward_with_known,
-    xfail_if_known,
-)
 from attention_crossval.kernel.contract.spec import KernelSpec
 from attention_crossval.kernel.harness.backward import (
     fill_backward_padding,
     run_backward_case,
 )
-from attention_crossval.kernel.harness.forward import CheckFailed, IsolatedKernel
+from attention_crossval.kernel.harness.isolation import IsolatedKernel
+from attention_crossval.kernel.harness.known import run_backward_with_known, xfail_if_known
 from attention_crossval.kernel.harness.references_backward import float64_gradients
 from attention_crossval.kernel.harness.registry import resolve
+from attention_crossval.kernel.harness.verdict import CheckFailed
 from attention_crossval.properties.fail_fast import run_failing_fast, stop_on_fault
 from attention_crossval.properties.kernels_under_test import (
     chosen_kernels,
@@ -393,8 +391,8 @@ def test_report_rejects_an_unknown_pass(capsys: pytest.CaptureFixture[str]) -> N
 def test_backward_checks_are_in_the_one_vocabulary() -> None:
     """Adapters' ``backward_checks`` use the forward's names; an unknown name is refused."""
     from attention_crossval.kernel.adapters import flash_attn_cute_backward, sdpa, streaming
-    from attention_crossval.kernel.harness.backward import backward_checks
-    from attention_crossval.kernel.harness.forward import ADAPTER_CHECKS
+    from attention_crossval.kernel.contract.checks import ADAPTER_CHECKS
+    from attention_crossval.kernel.harness.execution import backward_checks
 
     for adapter in (
         streaming.create(),

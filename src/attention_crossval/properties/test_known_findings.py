@@ -20,18 +20,20 @@ import attention_crossval
 from attention_crossval.kernel.contract.known_findings import (
     KnownFinding,
     backward_trigger_case,
-    covering,
-    run_backward_with_known,
-    run_with_known,
     trigger_case,
-    xfail_if_known,
 )
 from attention_crossval.kernel.contract.spec import KernelSpec
 from attention_crossval.kernel.harness.backward import run_backward_case
-from attention_crossval.kernel.harness.forward import CheckFailed, fill_padding, run_case
+from attention_crossval.kernel.harness.forward import fill_padding, run_case
 from attention_crossval.kernel.harness.hidden_nan import hidden_nan_findings, masked_hidden_keys
+from attention_crossval.kernel.harness.known import (
+    covering,
+    run_backward_with_known,
+    run_with_known,
+    xfail_if_known,
+)
 from attention_crossval.kernel.harness.registry import GPU_BUILTIN, resolve
-from attention_crossval.kernel.harness.verdict import Finding
+from attention_crossval.kernel.harness.verdict import CheckFailed, Finding
 from attention_crossval.reference.case import AttentionCase, AttentionResult, Mask
 from attention_crossval.report.configs import Config
 from attention_crossval.report.runner import Kernel, RunOptions
@@ -366,7 +368,7 @@ PROPERTY = """
 import pytest
 from hypothesis import assume, given, settings, strategies as st
 
-from attention_crossval.kernel.contract.known_findings import run_with_known, xfail_if_known
+from attention_crossval.kernel.harness.known import run_with_known, xfail_if_known
 from attention_crossval.kernel.harness.registry import resolve
 from attention_crossval.properties.strategies import attention_cases
 

@@ -13,8 +13,9 @@ import pytest
 
 from attention_crossval.kernel.contract.known_findings import backward_trigger_case, trigger_case
 from attention_crossval.kernel.harness.backward import run_backward_case
-from attention_crossval.kernel.harness.forward import CheckFailed, run_case
+from attention_crossval.kernel.harness.forward import run_case
 from attention_crossval.kernel.harness.registry import GPU_BUILTIN
+from attention_crossval.kernel.harness.verdict import CheckFailed
 from attention_crossval.properties.kernels_under_test import (
     close_workers,
     kernel_adapter,

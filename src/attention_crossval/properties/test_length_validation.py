@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from attention_crossval.kernel.contract.length_checks import check_lengths
 from attention_crossval.kernel.contract.spec import KernelAdapter, KernelSpec
-from attention_crossval.kernel.harness.isolation import KernelCrashed
+from attention_crossval.kernel.harness.execution import KernelCrashed
 from attention_crossval.properties.kernels_under_test import (
     chosen_kernels,
     kernel_adapter,

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from attention_crossval.kernel.harness.cause_hints import cause_hint
-from attention_crossval.kernel.harness.forward import IsolatedKernel, run_case
+from attention_crossval.kernel.harness.forward import run_case
+from attention_crossval.kernel.harness.isolation import IsolatedKernel
 from attention_crossval.kernel.harness.references import float64_reference
 from attention_crossval.properties import replay
 from attention_crossval.reference.case import AttentionCase, AttentionResult, Mask

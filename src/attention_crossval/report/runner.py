@@ -13,7 +13,7 @@ harness's ``bound`` / ``lse`` checks use), which computes
 
 The kernel runs through ``kernel.harness.forward.run_case`` (defensive checks, declared conventions
 translated, CUDA kernels in an isolated worker;
-:func:`kernel.contract.known_findings.run_with_known`
+:func:`kernel.harness.known.run_with_known`
 reruns a case whose NaN padding reached the output with zero padding, so the other checks
 still apply); its output is then compared with ``reference.compare.compare`` for kernel vs
 exact, kernel vs streaming and streaming vs exact. A record whose failed checks are all declared
@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from attention_crossval.kernel.contract.known_findings import covering, run_with_known
+from attention_crossval.kernel.harness.known import covering, run_with_known
 from attention_crossval.kernel.harness.mapped import release
 from attention_crossval.kernel.harness.references import (
     PAIR_BOUND_SCALE,

@@ -53,7 +53,7 @@ def resolve_kernels(
     runs
     every kernel in this process. A kernel whose worker cannot start raises ValueError.
     """
-    from attention_crossval.kernel.harness.forward import IsolatedKernel
+    from attention_crossval.kernel.harness.isolation import IsolatedKernel
     from attention_crossval.kernel.harness.registry import IN_PROCESS, resolve
 
     if len(set(names)) != len(names):

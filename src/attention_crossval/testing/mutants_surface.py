@@ -26,9 +26,9 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
 from attention_crossval.kernel.adapters.streaming import StreamingAdapter
-from attention_crossval.kernel.contract.known_findings import covering, run_with_known
 from attention_crossval.kernel.contract.spec import KernelSpec
-from attention_crossval.kernel.harness.isolation import KernelCrashed
+from attention_crossval.kernel.harness.execution import KernelCrashed
+from attention_crossval.kernel.harness.known import covering, run_with_known
 from attention_crossval.properties._strategies.surface import surface_cases
 from attention_crossval.properties.strategies import REFERENCE_SPEC, attention_cases
 from attention_crossval.reference.case import AttentionCase, AttentionResult, Mask

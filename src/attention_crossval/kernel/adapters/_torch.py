@@ -121,7 +121,7 @@ def to_host(tensor: Any) -> np.ndarray:
     return tensor.detach().to("cpu", dtype=tensor.dtype).double().numpy()
 
 
-# Harness checks (kernel.harness.forward.ADAPTER_CHECKS) a guarded adapter supports: prefilled
+# Harness checks (kernel.contract.checks.ADAPTER_CHECKS) a guarded adapter supports: prefilled
 # outputs give
 # ``unwritten``, their guard bands ``output-guard``; NaN input guard bands make reads past a
 # tensor's end show up as ``nonfinite``; padding may be poisoned (``padding-read``).
@@ -236,11 +236,3 @@ class GuardedOutputsAdapter:
         if case.layout == "packed":
             return unpack_result(case, o_host, lse_host), writes
         return AttentionResult(o=o_host, lse=lse_host), writes
-
-
-def float64_reference(case: AttentionCase, device: str = "cuda") -> AttentionResult:
-    """float64 attention on the GPU for every row (empty rows: O = 0, LSE = -inf), chunked over
-    rows and keys (``reference.rowwise``): cheap enough at GPU sizes, memory bounded."""
-    from attention_crossval.reference.rowwise import rowwise_attention
-
-    return rowwise_attention(case, backend="torch", device=device)

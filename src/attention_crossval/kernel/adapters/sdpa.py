@@ -11,7 +11,8 @@ Conventions, declared rather than failed on:
 * Measured on torch 2.11 / H200 (docs/results-h200.md): the flash backend refuses ``is_causal`` when
   Sq != Sk and takes no mask, so it declares no mask kinds; the efficient backend has no GQA;
   cuDNN refuses Sk == 1. A backend's "No available kernel" is raised as
-  :class:`kernel.harness.forward.Declined` (the case is skipped with torch's reasons, and counted).
+  :class:`kernel.contract.declined.Declined` (the case is skipped with torch's reasons, and
+  counted).
 * Known findings (``KernelSpec.known_findings``), kept in scope rather than declared away.
   Measured on torch 2.11 / H200, bf16 and fp16: math, efficient and cuDNN let NaN
   in masked-out K/V reach every row of the batch (a mask adds -inf to a NaN score, which stays
@@ -51,9 +52,9 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from attention_crossval.kernel.adapters import _torch
+from attention_crossval.kernel.contract.declined import Declined
 from attention_crossval.kernel.contract.known_findings import KnownFinding
 from attention_crossval.kernel.contract.spec import KernelSpec
-from attention_crossval.kernel.harness.forward import Declined
 from attention_crossval.reference.case import AttentionCase, AttentionResult, CausalAlignment
 from attention_crossval.reference.gradients import BackwardCase, Gradients
 from attention_crossval.reference.precision import BackwardPrecision, StreamingPrecision

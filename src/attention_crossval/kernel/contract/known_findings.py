@@ -4,33 +4,27 @@ Narrowing a declaration (say, no varlen) hides a divergence from every report. A
 :class:`KnownFinding` in ``KernelSpec.known_findings`` keeps the cases in scope instead: when
 every failed check of a case is covered by a known finding that applies to it, the report calls
 the record ``known`` (with the reason and link) and pytest calls it xfail
-(:func:`xfail_if_known`; a property test rejects the example); any other failure still fails.
+(:func:`kernel.harness.known.xfail_if_known`; a property test rejects the example); any other
+failure still fails.
 The strict-xfail test per known finding (properties/test_known_strict.py) turns an upstream fix
 into a failure.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from attention_crossval.kernel.harness.verdict import BACKWARD_CHECKS, CHECKS, Finding, Verdict
+from attention_crossval.kernel.contract.checks import BACKWARD_CHECKS, CHECKS
 from attention_crossval.reference.case import AttentionCase, Mask
+from attention_crossval.reference.gradients import BackwardCase
+from attention_crossval.reference.masks import empty_rows
 from attention_crossval.reference.precision import cast_input
 
-if TYPE_CHECKING:
-    from attention_crossval.kernel.contract.spec import KernelAdapter, KernelSpec
-    from attention_crossval.reference.gradients import BackwardCase
-
-# The check whose trigger the harness plants itself (NaN in padding): a known one says nothing
-# about the other checks, so they are run again with zero padding (:func:`run_with_known`).
-_PLANTED = "padding-read"
-# Backward checks whose known failure breaks the bounds as well: the case is run again without
-# their trigger (:func:`run_backward_with_known`).
-_RERUNNABLE = frozenset({_PLANTED, "zero-grad"})
+if TYPE_CHECKING:  # kernel.contract.spec imports this module: KernelSpec holds known findings
+    from attention_crossval.kernel.contract.spec import KernelSpec
 
 
 # What a known finding may require of a case beyond its mask: the forward-surface features a
@@ -50,7 +44,7 @@ def surface_features(case: AttentionCase) -> frozenset[str]:
 class KnownFinding:
     """A check the kernel is known to fail on some cases, and why.
 
-    * ``check``: the harness check it fails (one of ``kernel.harness.verdict.CHECKS``).
+    * ``check``: the harness check it fails (one of ``kernel.contract.checks.CHECKS``).
     * ``mask_kinds``: it applies to cases whose mask uses any of these kinds (a subset of the
       spec's ``mask_kinds``); empty: whatever the mask.
     * ``features``: and only to cases that have every one of these features
@@ -60,7 +54,7 @@ class KnownFinding:
     * ``link``: the upstream issue, or the upstream repository when not yet reported (then the
       reason says so).
     * ``backward``: it is a finding of the backward pass (a check of
-      ``kernel.harness.verdict.BACKWARD_CHECKS``), not of the forward.
+      ``kernel.contract.checks.BACKWARD_CHECKS``), not of the forward.
     * ``head_dims``: and only to cases whose D is one of these; empty: whatever the head dim.
     """
 
@@ -132,120 +126,21 @@ class KnownFinding:
         return {"check": self.name, "when": self.when, "reason": self.reason, "link": self.link}
 
 
-def covering(
-    spec: KernelSpec, case: AttentionCase, findings: Iterable[Finding], *, backward: bool = False
-) -> tuple[KnownFinding, ...]:
-    """The known findings of ``spec`` (of the backward pass if ``backward``) covering every one
-    of ``findings`` on ``case``, in declaration order; empty when there is no finding or one is
-    not covered."""
-    applicable = [
-        known for known in spec.known_findings if known.backward == backward and known.applies(case)
-    ]
-    checks = {finding.check for finding in findings}
-    covered = {known.check for known in applicable}
-    if not checks or not checks <= covered:
-        return ()
-    return tuple(known for known in applicable if known.check in checks)
-
-
-def run_with_known(adapter: KernelAdapter, case: AttentionCase, **kwargs: Any) -> Verdict:
-    """``kernel.harness.forward.run_case``; when every finding is known and one is ``padding-read``,
-    the case runs again with zero padding and without that check, so the checks it blocked
-    (``bound``, ``lse``, empty rows) still apply. The known findings stay in the verdict."""
-    # Imported here: the harness imports kernel.spec, which imports this module.
-    from attention_crossval.kernel.harness.forward import fill_padding, run_case
-
-    verdict = run_case(adapter, case, **kwargs)
-    known = covering(adapter.spec, case, verdict.findings)
-    if not any(k.check == _PLANTED for k in known):
-        return verdict
-    again = run_case(adapter, fill_padding(case, 0.0), skip_checks=frozenset({_PLANTED}), **kwargs)
-    planted = tuple(f for f in verdict.findings if f.check == _PLANTED)
-    return replace(
-        again,
-        case=verdict.case,
-        findings=planted + again.findings,
-        applied=verdict.applied | again.applied,
-        seconds=verdict.seconds + again.seconds,
-    )
-
-
-def run_backward_with_known(adapter: Any, case: BackwardCase, **kwargs: Any) -> Any:
-    """``kernel.harness.backward.run_backward_case``, with :func:`run_with_known`'s rerun: when
-    a known backward ``padding-read`` or ``zero-grad`` finding shows, the case runs again
-    without its trigger and check, so the bounds (which such a finding also breaks) still
-    apply to the rest: zero padding for ``padding-read``; for ``zero-grad``, dO = 0 on the rows
-    that see no key (a kernel's garbage P on such a row then meets a zero upstream gradient, so
-    it cannot reach dk/dv, while its dq there is still held to 0 by the bound). The verdict
-    holds the known findings of the first run and every finding of the rerun."""
-    from attention_crossval.kernel.harness.backward import (
-        fill_backward_padding,
-        run_backward_case,
-    )
-
-    verdict = run_backward_case(adapter, case, **kwargs)
-    known = _known_checks(adapter.spec, case.forward, backward=True) & _RERUNNABLE
-    removed: set[str] = set()
-    carried: list[Finding] = []
-    seconds = verdict.seconds
-    # A rerun may show a second trigger the first hid (NaN padding hides a hidden row's
-    # nonzero gradient): remove it as well and run again.
-    while rerun := ({f.check for f in verdict.findings} & known) - removed:
-        removed |= rerun
-        carried += [f for f in verdict.findings if f.check in rerun]
-        again = fill_backward_padding(case, 0.0) if _PLANTED in removed else case
-        if "zero-grad" in removed:
-            again = _without_empty_row_gradient(again)
-        verdict = run_backward_case(adapter, again, skip_checks=frozenset(removed), **kwargs)
-        seconds += verdict.seconds
-    return replace(verdict, findings=tuple(carried) + verdict.findings, seconds=seconds)
-
-
-def _known_checks(spec: KernelSpec, case: AttentionCase, *, backward: bool) -> set[str]:
-    return {k.check for k in spec.known_findings if k.backward == backward and k.applies(case)}
-
-
-def _without_empty_row_gradient(case: BackwardCase) -> BackwardCase:
+def without_empty_row_gradient(case: BackwardCase) -> BackwardCase:
     """``case`` with dO (and the LSE gradient) zeroed on every query row that sees no key."""
-    from attention_crossval.reference.gradients import BackwardCase
-    from attention_crossval.reference.masks import empty_rows
-
     empty = empty_rows(case.forward)  # [B, Hq, Sq]
     do = np.where(empty.transpose(0, 2, 1)[..., None], 0, case.do).astype(case.do.dtype)
     dlse = None if case.dlse is None else np.where(empty, 0, case.dlse).astype(case.dlse.dtype)
     return BackwardCase(case.forward, do, dlse, case.label)
 
 
-def xfail_if_known(
-    verdict: Verdict, spec: KernelSpec, case: AttentionCase, *, backward: bool = False
-) -> None:
-    """When every failed check of ``verdict`` is a known finding of ``spec`` on ``case``:
-    ``pytest.xfail`` with the reasons; inside a Hypothesis test, the example is rejected instead
-    (with a Hypothesis event naming the finding), because an xfail there ends the search and
-    hides the kernel's other bugs. Otherwise return (the caller raises the failures)."""
-    known = covering(spec, case, verdict.findings, backward=backward)
-    if not known:
-        return
-    reason = "; ".join(str(k) for k in known)
-    from hypothesis import control, event, reject
-
-    if control.currently_in_test_context():
-        event(f"known: {', '.join(k.check for k in known)}")
-        reject()
-    import pytest
-
-    pytest.xfail(reason)
-
-
 def backward_trigger_case(spec: KernelSpec, known: KnownFinding) -> BackwardCase:
     """:func:`trigger_case` with a gaussian upstream gradient, for a backward finding; for
     ``nonfinite`` with hidden rows, dO is 0 on those rows (as a loss mask makes it)."""
-    from attention_crossval.reference.gradients import BackwardCase
-
     forward = trigger_case(spec, known)
     do = np.random.default_rng(1).standard_normal((forward.B, forward.Sq, forward.Hq, forward.Dv))
     case = BackwardCase(forward, do.astype(forward.q.dtype), label=forward.label)
-    return _without_empty_row_gradient(case) if known.check == "nonfinite" else case
+    return without_empty_row_gradient(case) if known.check == "nonfinite" else case
 
 
 def trigger_case(spec: KernelSpec, known: KnownFinding) -> AttentionCase:

@@ -7,7 +7,7 @@ dq/dk/dv prefilled with NaN, the others with zero (adapters exposing
 ``run_backward_guarded(case, prefill=...)`` inside guard bands; others allocate their own
 gradients), in an isolated worker when given one (:mod:`kernel.harness.isolation`).
 
-Checks (:data:`kernel.harness.verdict.BACKWARD_CHECKS`): ``error`` / ``crash`` / ``timeout``; where
+Checks (:data:`kernel.contract.checks.BACKWARD_CHECKS`): ``error`` / ``crash`` / ``timeout``; where
 the
 adapter's
 ``backward_checks`` name them ``output-guard``, ``unwritten``, ``padding-read``,
@@ -33,16 +33,17 @@ from typing import Any
 
 import numpy as np
 
+from attention_crossval.kernel.contract.declined import Declined
 from attention_crossval.kernel.contract.spec import BackwardKernelAdapter, KernelAdapter, KernelSpec
-from attention_crossval.kernel.harness.forward import ADAPTER_CHECKS, fill_padding
-from attention_crossval.kernel.harness.isolation import (
-    Declined,
-    IsolatedKernel,
+from attention_crossval.kernel.harness.execution import (
     KernelCrashed,
-    Run,
-    input_arrays,
+    backward_checks,
+    execute_backward,
     private_copy,
-    watch_inputs,
+)
+from attention_crossval.kernel.harness.forward import fill_padding
+from attention_crossval.kernel.harness.isolation import (
+    IsolatedKernel,
 )
 from attention_crossval.kernel.harness.references_backward import GRADIENTS, BackwardReferences
 from attention_crossval.kernel.harness.saved_cases import kernel_spelling, store_kernel
@@ -52,7 +53,6 @@ from attention_crossval.reference.file_names import safe_file_name
 from attention_crossval.reference.gradients import BackwardCase, Gradients
 from attention_crossval.reference.masks import visible
 
-_BASIC_CHECKS = frozenset({"determinism", "nonfinite"})
 _BLOCKING = ("unwritten", "nonfinite", "padding-read")  # no reference checks after these
 # Kernel and emulation are each within the bound of the exact value: their difference within 2x.
 KERNEL_VS_STREAMING_SCALE = 2.0
@@ -93,38 +93,6 @@ def fill_backward_padding(case: BackwardCase, value: float) -> BackwardCase:
             value
         )
     return BackwardCase(fill_padding(case.forward, value), do, case.dlse, case.label)
-
-
-def backward_checks(adapter: KernelAdapter) -> frozenset[str]:
-    """The adapter-dependent checks its backward supports (``adapter.backward_checks``, else
-    determinism and finiteness); the same vocabulary as the forward's ``checks``."""
-    checks = frozenset(getattr(adapter, "backward_checks", _BASIC_CHECKS))
-    unknown = checks - ADAPTER_CHECKS
-    if unknown:
-        raise ValueError(
-            f"{type(adapter).__name__}.backward_checks has {sorted(unknown)}: must be a subset "
-            f"of {sorted(ADAPTER_CHECKS)} (the others always apply)"
-        )
-    return checks
-
-
-def execute_backward(
-    adapter: Any, case: BackwardCase, prefill: str, clean: BackwardCase | None = None
-) -> Run:
-    """One backward call: ``run_backward_guarded`` when the adapter has it, else ``backward``,
-    with its inputs (q, k, v, mask, dO) watched for writes (against ``clean``, a read-only twin
-    of ``case``, when given)."""
-
-    def call() -> tuple[Any, Any]:
-        with np.errstate(all="ignore"):  # a kernel's overflow is judged by its output, not warned
-            if hasattr(adapter, "run_backward_guarded"):
-                return adapter.run_backward_guarded(case, prefill=prefill)
-            return adapter.backward(case), ()
-
-    def inputs(of: BackwardCase) -> dict:
-        return {**input_arrays(of.forward), "do": of.do}
-
-    return watch_inputs(inputs(case), call, Gradients, None if clean is None else inputs(clean))
 
 
 def unsupported_backward(spec: KernelSpec, case: BackwardCase) -> str | None:

@@ -21,6 +21,7 @@ import dataclasses
 
 import numpy as np
 
+from attention_crossval.kernel.harness.references import float64_reference, work
 from attention_crossval.kernel.harness.verdict import Finding
 from attention_crossval.reference.case import AttentionCase, AttentionResult, CausalAlignment
 
@@ -50,8 +51,6 @@ def with_cause_hints(
 def cause_hint(case: AttentionCase, raw: AttentionResult) -> str | None:
     """ "mask? ..." or "row sum? ..." when every wrong row of ``raw`` is explained so; else
     None (also for cases above :data:`MAX_WORK` or without a wrong row)."""
-    from attention_crossval.kernel.harness.references import float64_reference, work
-
     if work(case) > MAX_WORK:
         return None
     reference = float64_reference(case).o

@@ -39,20 +39,22 @@ from typing import Any
 
 import numpy as np
 
+from attention_crossval.kernel.contract.checks import ADAPTER_CHECKS, CHECKS
+from attention_crossval.kernel.contract.declined import Declined
 from attention_crossval.kernel.contract.spec import KernelAdapter, KernelSpec
 from attention_crossval.kernel.harness.cause_hints import with_cause_hints
-from attention_crossval.kernel.harness.hidden_nan import hidden_nan_findings
-from attention_crossval.kernel.harness.isolation import (
-    Declined,
-    IsolatedKernel,
+from attention_crossval.kernel.harness.execution import (
     KernelCrashed,
     Run,
+    applied_checks,
     execute,
     private_copy,
 )
+from attention_crossval.kernel.harness.hidden_nan import hidden_nan_findings
+from attention_crossval.kernel.harness.isolation import IsolatedKernel
 from attention_crossval.kernel.harness.references import reference_findings
 from attention_crossval.kernel.harness.saved_cases import kernel_spelling, store_kernel
-from attention_crossval.kernel.harness.verdict import CHECKS, CheckFailed, Finding, Verdict
+from attention_crossval.kernel.harness.verdict import CheckFailed, Finding, Verdict
 from attention_crossval.reference.case import AttentionCase, AttentionResult
 from attention_crossval.reference.compare import outside_tolerance
 from attention_crossval.reference.file_names import safe_file_name
@@ -73,15 +75,6 @@ __all__ = [
     "run_case",
 ]
 
-# What an adapter's ``checks`` may name: the checks that need its cooperation. ``output-guard``
-# and ``unwritten`` need caller-allocated, guard-banded, prefilled outputs (``run_guarded``);
-# ``padding-read`` needs a kernel that may be handed NaN in padding (the harness then poisons it);
-# ``hidden-nan`` one that may be handed NaN in K/V rows no query sees
-# (kernel/harness/hidden_nan.py).
-ADAPTER_CHECKS = frozenset(
-    {"output-guard", "unwritten", "padding-read", "hidden-nan", "determinism", "nonfinite"}
-)
-_BASIC_CHECKS = frozenset({"determinism", "nonfinite"})
 _BLOCKING = ("unwritten", "nonfinite", "padding-read")  # no reference checks after these
 
 
@@ -106,18 +99,6 @@ def fill_padding(case: AttentionCase, value: float) -> AttentionCase:
     if not arrays and (case.page_size is None or same_fill):
         return case
     return dataclasses.replace(case, **arrays, page_fill=value)
-
-
-def applied_checks(adapter: KernelAdapter) -> frozenset[str]:
-    """The adapter-dependent checks it supports (``adapter.checks``, else the basic ones)."""
-    checks = frozenset(getattr(adapter, "checks", _BASIC_CHECKS))
-    unknown = checks - ADAPTER_CHECKS
-    if unknown:
-        raise ValueError(
-            f"{type(adapter).__name__}.checks has {sorted(unknown)}: must be a subset of "
-            f"{sorted(ADAPTER_CHECKS)} (the others always apply)"
-        )
-    return checks
 
 
 def run_case(

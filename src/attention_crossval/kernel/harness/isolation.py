@@ -30,12 +30,22 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
-from attention_crossval.kernel.contract.spec import KernelAdapter, KernelSpec
+from attention_crossval.kernel.contract.declined import Declined
+from attention_crossval.kernel.contract.spec import KernelSpec
+from attention_crossval.kernel.harness.execution import (
+    KernelCrashed,
+    Run,
+    applied_checks,
+    backward_checks,
+    execute,
+    execute_backward,
+)
 from attention_crossval.kernel.harness.mapped import Mapped, outbound
+from attention_crossval.kernel.harness.registry import IN_PROCESS, factory_path, resolve
 from attention_crossval.reference.case import AttentionCase, AttentionResult
 from attention_crossval.reference.gradients import BackwardCase, Gradients
 
@@ -55,81 +65,6 @@ _PRELOADED = (
 _RESTART_WORDS = ("cuda", "illegal", "device-side", "launch")
 
 
-class Declined(Exception):
-    """Raised by an adapter whose kernel refuses a case its spec cannot rule out (e.g. an SDPA
-    backend with "No available kernel"); the verdict is then skipped with this reason."""
-
-
-class KernelCrashed(Exception):
-    """The isolated kernel failed: ``check`` is "error", "crash" or "timeout"."""
-
-    def __init__(self, check: str, message: str) -> None:
-        super().__init__(message)
-        self.check = check
-
-
-class Run(NamedTuple):
-    """One kernel call: its result, the guard bands it wrote (``output-guard``), and the inputs
-    it changed (``input-write``), each as messages."""
-
-    result: AttentionResult | Gradients
-    writes: tuple[str, ...] = ()
-    input_writes: tuple[str, ...] = ()
-
-
-def execute(
-    adapter: KernelAdapter, case: AttentionCase, prefill: str, clean: AttentionCase | None = None
-) -> Run:
-    """One forward call: through ``run_guarded`` when the adapter has it, else ``adapter(case)``,
-    under :func:`watch_inputs` (``clean``: a read-only twin of ``case`` to compare with)."""
-
-    def call() -> tuple[Any, Any]:
-        if hasattr(adapter, "run_guarded"):
-            return adapter.run_guarded(case, prefill=prefill)
-        return adapter(case), ()
-
-    before = None if clean is None else input_arrays(clean)
-    return watch_inputs(input_arrays(case), call, AttentionResult, before)
-
-
-def private_copy(case: AttentionCase | BackwardCase) -> AttentionCase | BackwardCase:
-    """``case`` with arrays of its own, as a worker gets: a kernel in this process writing
-    through a raw pointer cannot reach the caller's case (the references are computed from it)."""
-    if isinstance(case, BackwardCase):
-        return dataclasses.replace(case, forward=private_copy(case.forward))  # dO: copied there
-
-    def copy(array: np.ndarray) -> np.ndarray:
-        array = np.array(array)
-        array.setflags(write=False)  # owned and read-only: the case takes it without a copy
-        return array
-
-    return dataclasses.replace(case, **{name: copy(getattr(case, name)) for name in "qkv"})
-
-
-def watch_inputs(
-    inputs: dict[str, np.ndarray],
-    call: Callable[[], tuple[Any, Any]],
-    returns: type,
-    before: dict[str, np.ndarray] | None = None,
-) -> Run:
-    """``call()`` -> (result, guard-band writes), with ``inputs`` compared bitwise before and
-    after, so a kernel writing into its inputs is caught wherever it runs (a worker's unpickled
-    arrays are writeable); TypeError unless the result is a ``returns``. ``before``: the
-    inputs' bits as the caller holds them apart from the kernel's copy (a worker's read-only
-    mapping, :mod:`kernel.harness.mapped`), else a copy is taken."""
-    if before is None:
-        before = {name: array.copy() for name, array in inputs.items()}
-    result, writes = call()
-    if not isinstance(result, returns):
-        raise TypeError(f"the kernel returned {type(result).__name__}, not {returns.__name__}")
-    changed = tuple(
-        message
-        for name, array in inputs.items()
-        if (message := _changed(name, before[name], array)) is not None
-    )
-    return Run(result, tuple(writes), changed)
-
-
 def _plain(result: AttentionResult | Gradients) -> AttentionResult | Gradients:
     """The result rebuilt from plain arrays, so unpickling it never imports a user's module (a
     kernel may return a subclass)."""
@@ -137,23 +72,6 @@ def _plain(result: AttentionResult | Gradients) -> AttentionResult | Gradients:
         return Gradients(*(np.asarray(getattr(result, n)) for n in ("dq", "dk", "dv")))
     lse = None if result.lse is None else np.asarray(result.lse)
     return AttentionResult(o=np.asarray(result.o), lse=lse)
-
-
-def input_arrays(case: AttentionCase) -> dict[str, np.ndarray]:
-    inputs = {"q": case.q, "k": case.k, "v": case.v}
-    if case.mask.explicit is not None:
-        inputs["mask.explicit"] = case.mask.explicit
-    return inputs
-
-
-def _changed(name: str, before: np.ndarray, after: np.ndarray) -> str | None:
-    """Where ``after`` differs from ``before`` in any bit (NaN payloads and -0.0 included)."""
-    unsigned = f"u{before.dtype.itemsize}"
-    differ = before.view(unsigned) != np.ascontiguousarray(after).view(unsigned)
-    if not differ.any():
-        return None
-    index = tuple(int(i) for i in np.argwhere(differ)[0])
-    return f"{name}: {int(differ.sum())} elements written by the kernel; first at {list(index)}"
 
 
 def die_with_parent_process() -> None:
@@ -206,10 +124,6 @@ def _worker_main(kernel: str, conn: Any, caller_pid: int, environment: dict[str,
     # Ctrl-C in a terminal reaches the whole process group: the caller alone handles it (and
     # ends this worker), so a KeyboardInterrupt seen here can only come from the kernel.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from attention_crossval.kernel.harness.backward import backward_checks
-    from attention_crossval.kernel.harness.forward import applied_checks
-    from attention_crossval.kernel.harness.registry import resolve
-
     try:
         adapter = resolve(kernel)
         checks = (applied_checks(adapter), backward_checks(adapter))
@@ -250,11 +164,7 @@ def _worker_main(kernel: str, conn: Any, caller_pid: int, environment: dict[str,
 
 def _method(name: str) -> Callable[[Any, Any, str, Any], Run]:
     """What a worker message runs: the forward (``run``) or the backward (``backward``)."""
-    if name == "backward":
-        from attention_crossval.kernel.harness.backward import execute_backward
-
-        return execute_backward
-    return execute
+    return execute_backward if name == "backward" else execute
 
 
 @dataclass
@@ -278,8 +188,6 @@ class IsolatedKernel:
     _busy: bool = field(default=False, repr=False)  # a request sent, its reply not read
 
     def __post_init__(self) -> None:
-        from attention_crossval.kernel.harness.registry import factory_path
-
         factory_path(self.kernel)  # a malformed name is refused before any process starts
         for name in ("timeout_s", "start_timeout_s"):
             check_timeout(name, getattr(self, name))
@@ -291,13 +199,13 @@ class IsolatedKernel:
 
     @property
     def checks(self) -> frozenset[str]:
-        """The adapter's harness checks (``kernel.harness.forward.applied_checks``), from the
+        """The adapter's harness checks (``kernel.harness.execution.applied_checks``), from the
         worker."""
         return self._declaration()[1][0]
 
     @property
     def backward_checks(self) -> frozenset[str]:
-        """Its backward harness checks (``kernel.harness.backward.backward_checks``)."""
+        """Its backward harness checks (``kernel.harness.execution.backward_checks``)."""
         return self._declaration()[1][1]
 
     def _declaration(self) -> tuple[KernelSpec, tuple[frozenset[str], frozenset[str]]]:
@@ -444,3 +352,21 @@ def _exit_reason(code: int | None) -> str:
         except ValueError:
             return f"killed by signal {-code}"
     return f"exit code {code}"
+
+
+def describe(name_or_path: str, *, start_timeout_s: float = 600.0) -> KernelSpec:
+    """A kernel's declaration without running its code here: in-process built-ins are resolved,
+    every other kernel is set up in a short-lived worker that sends its spec back. ValueError
+    naming the kernel when it cannot load, its factory fails, crashes or outlasts
+    ``start_timeout_s``, or its ``spec`` is not a KernelSpec.
+
+    >>> describe("streaming-fa").device
+    'cpu'
+    """
+    if name_or_path in IN_PROCESS:
+        return resolve(name_or_path).spec
+    worker = IsolatedKernel(name_or_path, start_timeout_s=start_timeout_s)
+    try:
+        return worker.spec
+    finally:
+        worker.close()

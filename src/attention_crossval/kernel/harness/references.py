@@ -27,8 +27,17 @@ import numpy as np
 
 from attention_crossval.kernel.contract.spec import KernelSpec
 from attention_crossval.kernel.harness.verdict import Finding, chain_hint
+from attention_crossval.reference.bounds import error_bound, lse_error_bound
 from attention_crossval.reference.case import AttentionCase, AttentionResult
+from attention_crossval.reference.compare import compare
+from attention_crossval.reference.exact import ExactResult, exact_attention, sample_rows
+from attention_crossval.reference.parallel import map_heads
 from attention_crossval.reference.precision import StreamingPrecision
+from attention_crossval.reference.rowwise import row_scores, rowwise_attention
+from attention_crossval.reference.sampling import adversarial_plan, exact_rows, worst_positions
+from attention_crossval.reference.splitkv import splitkv_attention
+from attention_crossval.reference.streaming import RescaleTrace, streaming_attention
+from attention_crossval.reference.subset import RowSubset
 
 # Kernel and streaming tier are each within the bound of the exact value, so their difference is
 # within twice the bound: the tolerance of a pair of two bounded results.
@@ -98,7 +107,6 @@ class CaseReferences:
 
     def plan(self) -> Any:
         """The long case's ``reference.sampling.RowPlan`` (with the :meth:`focus` rows)."""
-        from attention_crossval.reference.sampling import adversarial_plan
 
         def compute() -> Any:
             case = self.case
@@ -114,8 +122,6 @@ class CaseReferences:
         """Bool ``[B, Hq, Sq]`` of the exact tier's rows (None without an exact tier)."""
         if self.rows < 1:
             return None
-        from attention_crossval.reference.exact import sample_rows
-        from attention_crossval.reference.sampling import exact_rows
 
         def compute() -> np.ndarray:
             count = min(self.rows, max(2, self.exact_keys // max(self.case.Sk, 1)))
@@ -130,7 +136,6 @@ class CaseReferences:
         rows = self.sampled_rows()
         if rows is None:
             return None
-        from attention_crossval.reference.exact import exact_attention
 
         def compute() -> Any:
             if self.long or self.case.Sk >= PARALLEL_KEYS:
@@ -144,8 +149,6 @@ class CaseReferences:
     def _exact_per_head(self, rows: np.ndarray) -> Any:
         """The exact tier of a long case, each (batch, head) with sampled rows in a worker,
         only those rows coming back (no disk cache: an entry would hold full-size arrays)."""
-        from attention_crossval.reference.exact import ExactResult, exact_attention
-        from attention_crossval.reference.parallel import map_heads
 
         case, prec_bits = self.case, self.prec_bits
         heads = [(int(b), int(h)) for b, h in zip(*np.nonzero(rows.any(axis=2)), strict=True)]
@@ -177,8 +180,6 @@ class CaseReferences:
         timings. A short case is returned as it is (every row is evaluated anyway)."""
         if not self.long:
             return self
-        from attention_crossval.reference.rowwise import row_scores
-        from attention_crossval.reference.sampling import worst_positions
 
         def compute() -> np.ndarray:
             return row_scores(self.case, result, dtype="float32", **_backend(self.device))
@@ -194,7 +195,6 @@ class CaseReferences:
         """The evaluated ``reference.subset.RowSubset``, or None when every row is evaluated."""
         if not self.long:
             return None
-        from attention_crossval.reference.subset import RowSubset
 
         def compute() -> Any:
             sampled = self.sampled_rows()
@@ -223,8 +223,6 @@ class CaseReferences:
                 return float64_reference(self.case, self.device)
             # on the full case's own mask (row intervals), at the subset's positions: the same
             # rows as the sub-case, without its explicit mask
-            from attention_crossval.reference.rowwise import rowwise_attention
-
             return rowwise_attention(self.case, subset.positions, **_backend(self.device))
 
         return self._timed("float64", "float64_s", compute)
@@ -236,8 +234,6 @@ class CaseReferences:
     def streaming(self, precision: StreamingPrecision, tile_m: int, tile_n: int):
         """The emulated result and a ``(b, h, i) -> (rescales, visible blocks)`` trace reader;
         split over the case's ``num_splits`` and combined as a split-KV kernel does."""
-        from attention_crossval.reference.splitkv import splitkv_attention
-        from attention_crossval.reference.streaming import RescaleTrace, streaming_attention
 
         def unit(case: AttentionCase, b: int, hs: tuple[int, ...]) -> list[tuple]:
             trace = RescaleTrace()
@@ -280,7 +276,6 @@ class CaseReferences:
         """Derived bounds on O ``[B, Sq, Hq, Dv]`` and on the LSE ``[B, Hq, Sq]`` (NaN on rows
         not evaluated), as derived in docs/numerics.md#error-bound, with the case's
         ``num_splits`` and the kernel's tanh error (``KernelSpec.tanh_error_ulp``)."""
-        from attention_crossval.reference.bounds import error_bound, lse_error_bound
 
         def compute():
             case, reference = self._evaluated_case(), self._float64_evaluated()
@@ -313,8 +308,6 @@ class CaseReferences:
         case, b, heads)`` giving the results of a unit's heads (``reference.parallel``):
         forked workers for a long case or one of at least :data:`PARALLEL_KEYS` keys, else
         every unit here."""
-        from attention_crossval.reference.parallel import map_heads
-
         heads = [(b, h) for b in range(case.B) for h in range(case.Hq)]
         workers = None if self.long or case.Sk >= PARALLEL_KEYS else 1
         return list(zip(heads, map_heads(case, function, heads, workers=workers), strict=True))
@@ -325,8 +318,6 @@ class CaseReferences:
         """``reference.compare.compare`` of ``tested`` against ``tier`` ("exact", "float64" or
         "streaming", on the rows that tier covers) with ``scale`` times the derived bounds of
         ``spec``'s precision chain, ulps in :func:`output_dtype`; None without an exact tier."""
-        from attention_crossval.reference.compare import compare
-
         precision = spec.precision_for(self.case.dtype)
         block_n = spec.block_n_for(self.case)
         if tier == "exact":
@@ -357,11 +348,7 @@ def float64_reference(case: AttentionCase, device: str = "cpu") -> AttentionResu
     float64 (correct to a few float64 ulps either way; the exact tier certifies sampled rows)."""
     backend = _backend(device)
     if backend["backend"] == "torch" and work(case) > TORCH_WORK:
-        from attention_crossval.reference.rowwise import rowwise_attention
-
         return rowwise_attention(case, **backend)
-    from attention_crossval.reference.streaming import streaming_attention
-
     return streaming_attention(case, StreamingPrecision.float64())
 
 

@@ -25,10 +25,15 @@ import numpy as np
 
 from attention_crossval.kernel.contract.spec import KernelSpec
 from attention_crossval.kernel.harness.references import TORCH_WORK, timed_memo, work
+from attention_crossval.reference.bounds_backward import backward_error_bound
 from attention_crossval.reference.case import AttentionResult
 from attention_crossval.reference.compare import ErrorReport, compare
+from attention_crossval.reference.exact import sample_rows
+from attention_crossval.reference.exact_backward import exact_backward, sample_keys
 from attention_crossval.reference.gradients import BackwardCase, Gradients
+from attention_crossval.reference.masks import visible
 from attention_crossval.reference.precision import BackwardPrecision
+from attention_crossval.reference.streaming_backward import streaming_backward
 
 GRADIENTS = ("dq", "dk", "dv")
 CHUNK_ELEMENTS = 1 << 24  # float64 elements of one [Hq, rows, Sk] score chunk (128 MiB)
@@ -77,8 +82,6 @@ class BackwardReferences:
         """The exact tier's ``ExactGradients`` on the sampled rows and keys, or None."""
         if self.samples < 1:
             return None
-        from attention_crossval.reference.exact import sample_rows
-        from attention_crossval.reference.exact_backward import exact_backward, sample_keys
 
         def compute() -> Any:
             rows = sample_rows(self.case.forward, self.samples, self.seed)
@@ -89,8 +92,6 @@ class BackwardReferences:
 
     def streaming(self, precision: BackwardPrecision, tile_m: int, tile_n: int) -> Gradients:
         """The emulated gradients of ``precision`` with the kernel's tiles."""
-        from attention_crossval.reference.streaming_backward import streaming_backward
-
         return self._timed(
             ("streaming", precision, tile_m, tile_n),
             "streaming_s",
@@ -100,8 +101,6 @@ class BackwardReferences:
     def bounds(self, precision: BackwardPrecision, tile_n: int) -> Any:
         """The derived per-element ``GradientBounds`` of ``precision`` after a forward with K
         tiles of ``tile_n``, from the float64 gradients."""
-        from attention_crossval.reference.bounds_backward import backward_error_bound
-
         reference = self.float64()
         return self._timed(
             ("bound", precision, tile_n),
@@ -167,8 +166,6 @@ def float64_gradients(case: BackwardCase, device: str = "cpu") -> Gradients:
 
         if cuda_available()[0]:
             return torch_float64_gradients(case)
-    from attention_crossval.reference.streaming_backward import streaming_backward
-
     return streaming_backward(case, BackwardPrecision.float64())
 
 
@@ -178,8 +175,6 @@ def torch_float64_gradients(case: BackwardCase, device: str = "cuda") -> Gradien
     ``dS = P (dO V^T - D)``, ``dq = scale dS K``, ``dk += scale dS^T Q``, ``dv += P^T dO``,
     dk/dv of the query heads summed per kv head. Padding is zeroed first (never read)."""
     import torch
-
-    from attention_crossval.reference.masks import visible
 
     fwd = case.forward
     g, scale = fwd.group_size, fwd.softmax_scale

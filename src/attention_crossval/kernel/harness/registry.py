@@ -6,7 +6,7 @@ zero-argument factory returning one. Nothing here imports torch.
 
 User kernels run in a worker process (:class:`kernel.harness.isolation.IsolatedKernel`), factory
 included; only the built-ins in :data:`IN_PROCESS` run in the caller's process by default.
-:func:`describe` gives a kernel's declaration either way.
+:func:`kernel.harness.isolation.describe` gives a kernel's declaration either way.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def factory_path(name_or_path: str) -> str:
 def resolve(name_or_path: str) -> KernelAdapter:
     """The adapter for a built-in name or ``package.module:attr``, built in this process (the
     user's module and factory run here: use :class:`kernel.harness.isolation.IsolatedKernel` or
-    :func:`describe` to keep them out).
+    :func:`kernel.harness.isolation.describe` to keep them out).
 
     >>> resolve("streaming-fa").spec.device
     'cpu'
@@ -113,26 +113,6 @@ def resolve(name_or_path: str) -> KernelAdapter:
             f"got {type(adapter.spec).__name__}"
         )
     return adapter
-
-
-def describe(name_or_path: str, *, start_timeout_s: float = 600.0) -> KernelSpec:
-    """A kernel's declaration without running its code here: in-process built-ins are resolved,
-    every other kernel is set up in a short-lived worker that sends its spec back. ValueError
-    naming the kernel when it cannot load, its factory fails, crashes or outlasts
-    ``start_timeout_s``, or its ``spec`` is not a KernelSpec.
-
-    >>> describe("streaming-fa").device
-    'cpu'
-    """
-    if name_or_path in IN_PROCESS:
-        return resolve(name_or_path).spec
-    from attention_crossval.kernel.harness.isolation import IsolatedKernel
-
-    worker = IsolatedKernel(name_or_path, start_timeout_s=start_timeout_s)
-    try:
-        return worker.spec
-    finally:
-        worker.close()
 
 
 def available(names: tuple[str, ...] = tuple(BUILTIN)) -> list[str]:

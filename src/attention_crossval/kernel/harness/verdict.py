@@ -1,51 +1,15 @@
-"""What the harness (:mod:`kernel.harness.forward`) reports: findings per check, one verdict per
-case,
-and the triage hint for ``bound`` / ``lse`` failures (:func:`chain_hint`)."""
+"""What the harness (:mod:`kernel.harness.forward`) reports: findings per check, one verdict
+per case, and the triage hint for ``bound`` / ``lse`` failures (:func:`chain_hint`)."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from attention_crossval.kernel.contract.spec import KernelSpec
 from attention_crossval.reference.case import AttentionResult
 from attention_crossval.reference.precision import StreamingPrecision
-
-if TYPE_CHECKING:  # kernel.spec imports this module (through kernel.known_findings)
-    from attention_crossval.kernel.contract.spec import KernelSpec
-
-CHECKS = (
-    "error",
-    "crash",
-    "timeout",
-    "shape",
-    "input-write",
-    "output-guard",
-    "unwritten",
-    "padding-read",
-    "hidden-nan",
-    "nonfinite",
-    "determinism",
-    "empty-rows",
-    "bound",
-    "lse",
-)
-# The backward harness's checks (kernel/harness/backward.py), same vocabulary where they overlap.
-BACKWARD_CHECKS = (
-    "error",
-    "crash",
-    "timeout",
-    "output-guard",
-    "unwritten",
-    "padding-read",
-    "nonfinite",
-    "determinism",
-    "zero-grad",
-    "dq-bound",
-    "dk-bound",
-    "dv-bound",
-)
 
 
 class CheckFailed(AssertionError):
