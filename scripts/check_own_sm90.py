@@ -11,7 +11,7 @@ CUDA fault in one does not hide the others:
 1. accuracy: a few shapes against a float64 torch reference, error as a fraction of the derived
    bound (reference/bounds.py) and in output-dtype ulps (reference/compare.py); the first call of
    each (dtype, D, causal) also reports its compile time;
-2. the gpu-marked tests of properties/test_own_kernels.py (small Hypothesis example count);
+2. the gpu-marked tests of tests/kernel/test_own_kernels.py (small Hypothesis example count);
 3. throughput, bf16 D = 128, S = 4096 / 16384, causal and not, against torch SDPA's FLASH and
    cuDNN backends: TFLOP/s = 4 B H Sq Sk D / time (halved for causal), median of
    ``triton.testing.do_bench``.
@@ -98,7 +98,7 @@ def run_pytest(rows: list[str], *, timeout_s: float) -> None:
         sys.executable,
         "-m",
         "pytest",
-        "src/attention_crossval/properties/test_own_kernels.py",
+        "tests/kernel/test_own_kernels.py",
         "-m",
         "gpu",
     ]

@@ -9,8 +9,9 @@ softcap and sink mutants are hunted by the same float64 agreement property on
 split-KV and paged mutants (:data:`KERNEL_MUTANTS`) run inside the CPU ``streaming-fa`` kernel
 (:func:`surface_mutant_kernel`), so the kernel suite's own property hunts them
 (:func:`hunt_kernel`) on the default strategy; each has a trigger case
-(:func:`surface_trigger_case`). The split-KV agreement property (``properties/test_splitkv.py``)
-and the paged one (``properties/test_paged.py``) hunt some of them at the reference level too.
+(:func:`surface_trigger_case`). The split-KV agreement property
+(``tests/reference/test_splitkv.py``)
+and the paged one (``tests/reference/test_paged.py``) hunt some of them at the reference level too.
 """
 
 from __future__ import annotations

@@ -93,7 +93,7 @@ def _spec() -> KernelSpec:
         tile_m=128,
         tile_n=128,  # SM90 tiles: D=128 -> 128x128; D=64 -> 192x128
         # lengths travel as int32 (seqused_q/k, cu_seqlens) and no smaller limit is documented;
-        # checked at 64k prefill and 128k decode by properties/test_long_context.py -m gpu
+        # checked at 64k prefill and 128k decode by tests/reference/test_long_context.py -m gpu
         max_seqlen=(1 << 31) - 1,
         returns_lse=True,
         deterministic=True,

@@ -1,7 +1,7 @@
 """The project's own SM100 tcgen05 forward kernel (kernel/own/sm100/fwd.py) on a Blackwell GPU.
 
 NEVER RUN: no Blackwell GPU is available to this project, so this adapter has never executed
-a kernel. The kernel is only compiled for sm_100a on a CPU (properties/test_own_sm100.py); its
+a kernel. The kernel is only compiled for sm_100a on a CPU (tests/kernel/test_own_sm100.py); its
 results are unverified. On any GPU that is not SM100 (compute capability 10.x) every call is
 declined (:class:`kernel.contract.declined.Declined`), so the harness records a skip, never a
 verdict.

@@ -87,7 +87,7 @@ class KernelSpec:
     * ``validates_lengths``: its API refuses (raises) valid lengths that disagree with its
       tensors: a length past the padded length, a negative one, a count other than B, and
       (packed layout) offsets past the packed rows. A kernel that trusts them reads past its
-      tensors (xformers#1122); properties/test_length_validation.py hands such lengths to the
+      tensors (xformers#1122); tests/kernel/test_length_validation.py hands such lengths to the
       kernels declaring it, with NaN guard bands past the tensors (docs/adapters.md).
     """
 

@@ -11,13 +11,13 @@ one part swapped, and declares exactly what ``streaming-fa`` declares:
 * ``packed_offset_overrun``: reads each sequence's keys from ``cu_seqlens_k[b] + 1`` on, one row
   late: the last key of sequence b reads the first of sequence b + 1.
 
-``EXPECTED`` names the checks each one fails (``properties/test_call_options.py``).
+``EXPECTED`` names the checks each one fails (``tests/kernel/test_call_options.py``).
 
 Two more mirror flash-attn-cute's paged read on the H200 (pages as large as its K tile): they
 read the whole last page of each sequence and weight its unused tail by 0, so NaN there reaches
 every row of the sequence. Both declare it as a known ``padding-read`` of paged cases
 (:data:`READS_PAGE_TAIL`), to show the harness classifies it and the known finding covers it
-(``properties/test_known_findings.py``):
+(``tests/kernel/test_known_findings.py``):
 
 * ``reads_page_tail``: that read and nothing else;
 * ``reads_page_tail_and_wrong``: that read, and O scaled by 1 + 2^-4 on paged cases, a bug the

@@ -24,7 +24,7 @@ The block and key arithmetic (:func:`kv_block_range`, :func:`key_range`,
 :func:`block_needs_mask`, :func:`split_by_mask`, :func:`padded_key_rows`) is plain Python
 without branches on values: at trace time it takes the kernel's ``Int32`` values and emits their
 arithmetic, and the CPU tests run the same functions on Python ints
-(properties/test_own_kernels.py). Every division has a non-negative dividend: ``//`` on a DSL
+(tests/kernel/test_own_kernels.py). Every division has a non-negative dividend: ``//`` on a DSL
 ``Int32`` truncates toward zero, unlike Python's floor.
 """
 

@@ -1,7 +1,7 @@
 """The project's own SM100 (Blackwell) FlashAttention forward kernel, in CuTe DSL.
 
 NEVER RUN: no Blackwell GPU is available to this project. The kernel is only compiled for
-sm_100a on a CPU-only machine and its PTX inspected (properties/test_own_sm100.py); its
+sm_100a on a CPU-only machine and its PTX inspected (tests/kernel/test_own_sm100.py); its
 numerical results, its synchronisation (no hang, no race) and its speed are unverified.
 
 FlashAttention-4 structure, 1-CTA, one 128-row Q tile per CTA (q_stage 1), 12 warps:

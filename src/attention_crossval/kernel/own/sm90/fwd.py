@@ -117,7 +117,7 @@ Blocks inside every row's band and below ``seqlen_k`` skip the mask (the unmaske
 the diagonal, window-edge and last partial blocks are masked.
 
 :meth:`FlashAttentionForwardSm90.compile` builds the kernel for sm_90a on fake tensors, so a
-CPU-only machine can compile it and inspect the PTX (properties/test_own_kernels.py). The knobs
+CPU-only machine can compile it and inspect the PTX (tests/kernel/test_own_kernels.py). The knobs
 ``num_consumer_wg=1`` and ``tile_n=64`` compile too, but only the adapters' tiles are tested.
 """
 

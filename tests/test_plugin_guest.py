@@ -18,7 +18,7 @@ import pytest
 pytestmark = pytest.mark.cpu
 
 PLUGIN = "attention_crossval.pytest_plugin"
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[1]
 
 FOREIGN_TEST = """
 import json, os

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "check_html_render.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "check_html_render.py"
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """KernelSpec rejects every malformed field with a ValueError naming the field and the rule.
 
-Table-driven like properties/test_argument_validation.py: ``(bad keyword arguments, message
+Table-driven like tests/test_argument_validation.py: ``(bad keyword arguments, message
 fragment)`` rows; each row would, before the validation, have been accepted and then misused
 (an alignment string compared with an enum, a str of dtypes iterated per character, ...).
 """

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-TIMING = Path(__file__).resolve().parents[3] / "benchmarks" / "timing.py"
+TIMING = Path(__file__).resolve().parents[2] / "benchmarks" / "timing.py"
 pytestmark = [
     pytest.mark.cpu,
     pytest.mark.skipif(not TIMING.is_file(), reason=f"{TIMING} is not in this installation"),

@@ -12,7 +12,7 @@ import attention_crossval
 
 pytestmark = pytest.mark.cpu
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[1]
 if not (ROOT / "pyproject.toml").is_file():  # an installed copy: these tests need the checkout
     pytest.skip("needs the source checkout (pyproject.toml)", allow_module_level=True)
 TESTS = """

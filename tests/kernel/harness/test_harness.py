@@ -142,7 +142,7 @@ def slow_start() -> FaultyAdapter:
 
 def test_call_timeout_excludes_the_worker_start() -> None:
     """Regression: spawn + imports + kernel set-up once counted against ``timeout_s``."""
-    worker = IsolatedKernel("attention_crossval.properties.test_harness:slow_start", timeout_s=6.0)
+    worker = IsolatedKernel("tests.kernel.harness.test_harness:slow_start", timeout_s=6.0)
     try:
         run_case(FaultyAdapter("none"), _case(), isolated=worker, compare=False).raise_for()
     finally:
@@ -152,7 +152,7 @@ def test_call_timeout_excludes_the_worker_start() -> None:
 def test_a_launched_worker_starts_while_the_caller_works() -> None:
     """``launch`` returns before the slow set-up ends (the report builds the case meanwhile);
     the first call then waits for the handshake, and the call timeout still excludes it."""
-    worker = IsolatedKernel("attention_crossval.properties.test_harness:slow_start", timeout_s=6.0)
+    worker = IsolatedKernel("tests.kernel.harness.test_harness:slow_start", timeout_s=6.0)
     try:
         began = time.perf_counter()
         worker.launch()

@@ -179,7 +179,7 @@ def test_a_seeded_run_prints_its_seed_and_repeats_its_cases(
     through the environment, draws others."""
     monkeypatch.setenv("DRAWS_OUT", str(pytester.path / "draws.json"))
     monkeypatch.setenv("CI", "true")
-    checkout = str(Path(__file__).resolve().parents[2])  # src/: importable uninstalled too
+    checkout = str(Path(__file__).resolve().parents[2] / "src")  # src/: importable uninstalled too
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([checkout, os.environ.get("PYTHONPATH", "")]))
     seven, header = _draws(pytester, "--hypothesis-seed=7")
     assert header.startswith("attention-crossval seed: --hypothesis-seed=7 (--hypothesis-seed;")

@@ -24,7 +24,7 @@ from attention_crossval.report.shard import Shard, parse_shard
 
 pytestmark = pytest.mark.cpu
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 SLURM = "SLURM_ARRAY_TASK_ID"
 INDEXED = "JOB_COMPLETION_INDEX"
 # Five configs over three shards: shards of 2, 2 and 1 config.

@@ -20,7 +20,7 @@ import pytest
 
 pytestmark = pytest.mark.cpu
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 if not README.is_file():  # an installed copy: these tests need the checkout
     pytest.skip("needs the source checkout (README.md)", allow_module_level=True)

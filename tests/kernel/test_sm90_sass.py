@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "sm90_sass.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "sm90_sass.py"
 pytestmark = [
     pytest.mark.cpu,
     pytest.mark.skipif(not SCRIPT.is_file(), reason=f"{SCRIPT} is not in this installation"),

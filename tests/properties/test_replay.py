@@ -25,7 +25,7 @@ from attention_crossval.testing.broken.cpu_mistakes import MistakenAdapter
 
 pytestmark = pytest.mark.cpu
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 MISTAKES = "attention_crossval.testing.broken.cpu_mistakes"
 BACKWARD_FAULTS = "attention_crossval.testing.broken.cpu_backward_faults"
 

@@ -55,7 +55,7 @@ def drawn(strategy: st.SearchStrategy[AttentionCase], stream: str, count: int) -
 
 
 def test_other_runs_of_the_free_property_draw_other_cases() -> None:
-    """own-sm90's free test (properties/test_own_kernels.py) runs the free property again: under
+    """own-sm90's free test (tests/kernel/test_own_kernels.py) runs the free property again: under
     the kernel's own seed it drew exactly the free test's cases; its stream draws others (after
     Hypothesis' simplest, the same in every stream)."""
     free_cases = attention_cases(spec=SPEC, max_len=_max_len(SPEC))

@@ -19,7 +19,7 @@ from attention_crossval.pytest_plugin import one_line_finding
 pytestmark = pytest.mark.cpu
 
 PLUGIN = "attention_crossval.pytest_plugin"
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[1]
 OURS = "[pytest]\nattention_crossval_strict = true\n"  # the session treats its tests as ours
 
 FAILING_TESTS = """

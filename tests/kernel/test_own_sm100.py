@@ -28,7 +28,7 @@ from attention_crossval.properties.test_kernels import (  # noqa: F401 - autouse
     _close_workers,
     free_property,
 )
-from attention_crossval.properties.test_own_kernels import (
+from tests.kernel.test_own_kernels import (
     CONFIGS,
     TARGETED,
     assert_no_spills,
