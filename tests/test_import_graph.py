@@ -144,3 +144,31 @@ def test_the_contract_imports_nothing_of_the_harness() -> None:
     assert outside == set()
     # and the top-level package (imported first by every import of the contract) stays within
     assert graph[PACKAGE] <= {m for m in graph if m.startswith(CONTRACT_MAY_IMPORT)}
+
+
+def _test_files() -> list[Path]:
+    return sorted(ROOT.rglob("test_*.py")) + sorted(Path(__file__).parent.rglob("test_*.py"))
+
+
+def test_no_test_file_imports_another() -> None:
+    """What two test files share lives in a module of its own (or a conftest), so running or
+    moving one never runs the other's tests by import."""
+    imports = {
+        (path.name, name)
+        for path in _test_files()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for name in _imported_names("", path, node)
+        if name.rpartition(".")[2].startswith("test_")
+    }
+    assert imports == set()
+
+
+def test_the_shipped_suite_uses_no_test_fixture() -> None:
+    """properties/ runs in users' sessions: it imports nothing of attention_crossval.testing
+    (the fault kernels and mutants are this project's own test fixtures)."""
+    graph = import_graph()
+    suite = [module for module in graph if module.startswith(f"{PACKAGE}.properties")]
+    assert len(suite) > 10, suite
+    uses = {(m, t) for m in suite for t in graph[m] if t.startswith(f"{PACKAGE}.testing")}
+    assert uses == set()

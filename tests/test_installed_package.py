@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.jedi_imports import unresolved
+
 pytestmark = pytest.mark.cpu
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -135,6 +137,14 @@ def test_the_installed_copy_is_the_one_imported(repository: pytest.Pytester, sit
     result = repository.run(sys.executable, "-c", code)
     assert result.ret == 0, result.stderr.str()
     assert Path(result.outlines[-1]).is_relative_to(site)
+
+
+def test_go_to_definition_leads_into_the_installed_copy(site: Path) -> None:
+    """Go-to-definition in an install: jedi, with only the install folder to search, follows
+    every package import of the representative modules to the installed file."""
+    looked_up, misses = unresolved(site / "attention_crossval", [site])
+    assert looked_up >= 90, looked_up
+    assert misses == []
 
 
 def test_correct_kernel_passes_from_its_kernel_folder(repository: pytest.Pytester) -> None:

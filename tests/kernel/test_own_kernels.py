@@ -23,7 +23,6 @@ last block, empty sequences, window edges); both adapters run ``DEFAULT_KNOBS`` 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import re
 from pathlib import Path
 
@@ -35,25 +34,21 @@ from hypothesis import strategies as st
 from attention_crossval.kernel.adapters.own_sm90 import DEFAULT_KNOBS, window_bounds
 from attention_crossval.kernel.harness.forward import run_case
 from attention_crossval.kernel.harness.registry import BUILTIN, NEVER_RUN, resolve
-from attention_crossval.properties.kernels_under_test import worker
-from attention_crossval.properties.test_kernels import (  # noqa: F401 - autouse fixture, reused
-    _close_workers,
+from attention_crossval.properties.kernel_suite import (  # noqa: F401 - the autouse fixture
+    close_workers_at_module_end,
     free_property,
 )
+from attention_crossval.properties.kernels_under_test import worker
 from attention_crossval.reference.case import AttentionCase, Mask
 from attention_crossval.reference.masks import visible
-from attention_crossval.reference.precision import cast_input
-
-HAS_CUTLASS = importlib.util.find_spec("cutlass") is not None
-needs_cutlass = pytest.mark.skipif(
-    not HAS_CUTLASS, reason="cutlass not importable (pip install nvidia-cutlass-dsl==4.8.1)"
+from tests.kernel.own_kernels import (
+    CONFIGS,
+    TARGETED,
+    assert_no_spills,
+    needs_cutlass,
+    ramp_case,
 )
-CONFIGS = [
-    (dtype, head_dim, causal)
-    for dtype in ("bfloat16", "float16")
-    for head_dim in (64, 128)
-    for causal in (False, True)
-]
+
 # own-sm90-full: every case goes through the varlen path; the window is a compile-time choice.
 FULL_CONFIGS = [(*config, window) for config in CONFIGS for window in (False, True)]
 PTX_MUST_HAVE = (
@@ -366,13 +361,6 @@ def test_sm90_mask_is_one_select_per_score(
     ptx = _variant_ptx(kernel, dtype, head_dim, path, tmp_path)
     selects = len(MASK_SELECT.findall(ptx))
     assert SCORES_PER_THREAD * 2 <= selects <= SCORES_PER_THREAD * 6, selects
-
-
-def assert_no_spills(compile_output: str) -> None:
-    """ptxas' ``remarks{ptx}`` report in ``compile_output`` exists and says 0 spill bytes."""
-    spills = [int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", compile_output)]
-    assert spills, f"no ptxas spill report in the compile output:\n{compile_output[-2000:]}"
-    assert max(spills) == 0, f"ptxas spills: {spills}"
 
 
 @pytest.mark.cpu
@@ -861,11 +849,11 @@ def test_own_sm90_runs_plain_cases_dense_and_the_rest_on_the_varlen_path(monkeyp
     monkeypatch.setattr(own_sm90, "launch", lambda *a, **k: calls.append("dense"))
     monkeypatch.setattr(own_sm90, "_launch_varlen_path", lambda *a: calls.append("varlen"))
     cases = {
-        "plain": _case(40, 40),
-        "causal": _case(40, 60, causal=True),
-        "gqa": _case(40, 40, H=4, Hkv=2),
-        "window": _case(40, 40, window_left=8),
-        "varlen": _case(40, 40, q_lengths=(40, 3), k_lengths=(40, 5)),
+        "plain": ramp_case(40, 40),
+        "causal": ramp_case(40, 60, causal=True),
+        "gqa": ramp_case(40, 40, H=4, Hkv=2),
+        "window": ramp_case(40, 40, window_left=8),
+        "varlen": ramp_case(40, 40, q_lengths=(40, 3), k_lengths=(40, 5)),
     }
     expected = {"plain": "dense", "causal": "dense"}
     for adapter in (own_sm90.OwnSm90Adapter(), own_sm90.OwnSm90FullAdapter()):
@@ -965,50 +953,22 @@ def test_own_sm90_smem_epilogue_checks_out_alignment() -> None:
             _check_out_alignment(bad, on)
 
 
-def _case(
-    Sq: int,
-    Sk: int,
-    *,
-    D: int = 128,
-    dtype: str = "bfloat16",
-    H: int = 2,
-    Hkv: int | None = None,
-    **mask: object,
-) -> AttentionCase:
-    """Keys on a ramp (every KV block raises the running max, so O must be rescaled), random
-    values, two batches; lengths chosen by the tests around the 128 tiles; ``Hkv`` kv heads
-    (default ``H``), ``mask`` the :class:`Mask` fields."""
-    rng = np.random.default_rng(Sq * 1000 + Sk)
-    Hkv = H if Hkv is None else Hkv
-    q = 0.5 + 0.05 * rng.standard_normal((2, Sq, H, D))
-    k = np.linspace(0.0, 2.0, Sk)[None, :, None, None] + 0.1 * rng.standard_normal((2, Sk, Hkv, D))
-    v = rng.standard_normal((2, Sk, Hkv, D))
-    arrays = (cast_input(a, dtype) for a in (q, k, v))
-    return AttentionCase(*arrays, mask=Mask(**mask), label=f"own-sm90 {Sq}x{Sk}")
-
-
-TARGETED = {
-    "rescale over 4 blocks": lambda: _case(128, 512),
-    "seqlen_k residue": lambda: _case(200, 300, D=64, dtype="float16"),
-    "causal Sq < Sk": lambda: _case(130, 389, causal=True),
-    "causal Sq > Sk (empty rows)": lambda: _case(300, 129, causal=True, D=64),
-    "causal Sq == Sk, partial tile": lambda: _case(257, 257, causal=True, dtype="float16"),
-    "single key": lambda: _case(5, 1, causal=True),
-}
 # own-sm90-full: one feature per case, then all together.
 TARGETED_FULL = {
-    "GQA 4:2 over 3 blocks": lambda: _case(200, 300, H=4, Hkv=2),
-    "MQA causal": lambda: _case(130, 389, H=4, Hkv=1, causal=True, dtype="float16"),
-    "varlen, NaN padding in the last partial block": lambda: _case(
+    "GQA 4:2 over 3 blocks": lambda: ramp_case(200, 300, H=4, Hkv=2),
+    "MQA causal": lambda: ramp_case(130, 389, H=4, Hkv=1, causal=True, dtype="float16"),
+    "varlen, NaN padding in the last partial block": lambda: ramp_case(
         256, 384, q_lengths=(200, 37), k_lengths=(300, 129)
     ),
-    "varlen empty sequences": lambda: _case(
+    "varlen empty sequences": lambda: ramp_case(
         130, 260, D=64, causal=True, q_lengths=(0, 130), k_lengths=(200, 0)
     ),
-    "window edges inside tiles": lambda: _case(300, 500, window_left=100, window_right=30),
-    "causal window, Sq < Sk": lambda: _case(257, 600, causal=True, window_left=129),
-    "window right only, fp16 D 64": lambda: _case(200, 450, D=64, dtype="float16", window_right=0),
-    "GQA, varlen, causal window, fp16": lambda: _case(
+    "window edges inside tiles": lambda: ramp_case(300, 500, window_left=100, window_right=30),
+    "causal window, Sq < Sk": lambda: ramp_case(257, 600, causal=True, window_left=129),
+    "window right only, fp16 D 64": lambda: ramp_case(
+        200, 450, D=64, dtype="float16", window_right=0
+    ),
+    "GQA, varlen, causal window, fp16": lambda: ramp_case(
         300,
         520,
         H=4,

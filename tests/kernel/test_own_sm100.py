@@ -23,12 +23,12 @@ import pytest
 
 from attention_crossval.kernel.harness.forward import run_case
 from attention_crossval.kernel.harness.registry import resolve
-from attention_crossval.properties.kernels_under_test import worker
-from attention_crossval.properties.test_kernels import (  # noqa: F401 - autouse fixture, reused
-    _close_workers,
+from attention_crossval.properties.kernel_suite import (  # noqa: F401 - the autouse fixture
+    close_workers_at_module_end,
     free_property,
 )
-from tests.kernel.test_own_kernels import (
+from attention_crossval.properties.kernels_under_test import worker
+from tests.kernel.own_kernels import (
     CONFIGS,
     TARGETED,
     assert_no_spills,

@@ -11,17 +11,17 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
 from attention_crossval.kernel.harness.registry import resolve
-from attention_crossval.properties.strategies import attention_cases, case_features
-from attention_crossval.properties.test_kernels import (
+from attention_crossval.properties.kernel_suite import (
     FREE,
     SWEEP_BLOCKS,
     SWEEP_EXAMPLES,
-    _max_len,
     feature_examples,
     feature_strategy,
+    max_len_for,
     stream_name,
     sweep_strategy,
 )
+from attention_crossval.properties.strategies import attention_cases, case_features
 from attention_crossval.pytest_plugin import derived_seed
 from attention_crossval.reference.case import AttentionCase
 
@@ -58,7 +58,7 @@ def test_other_runs_of_the_free_property_draw_other_cases() -> None:
     """own-sm90's free test (tests/kernel/test_own_kernels.py) runs the free property again: under
     the kernel's own seed it drew exactly the free test's cases; its stream draws others (after
     Hypothesis' simplest, the same in every stream)."""
-    free_cases = attention_cases(spec=SPEC, max_len=_max_len(SPEC))
+    free_cases = attention_cases(spec=SPEC, max_len=max_len_for(SPEC))
     free = drawn(free_cases, FREE, 8)
     assert drawn(free_cases, FREE, 8) == free  # the same stream draws the same cases
     assert not set(drawn(free_cases, "own-kernels", 8)[1:]) & set(free[1:])
@@ -93,7 +93,7 @@ def test_sweeps_keep_the_base_features(feature: str, mask_kind: str) -> None:
     turned them off, and requiring one was refused)."""
     strategy = attention_cases(
         spec=SPEC,
-        max_len=_max_len(SPEC, SWEEP_BLOCKS),
+        max_len=max_len_for(SPEC, SWEEP_BLOCKS),
         distributions=["near_ties"],
         required_mask_kinds=[mask_kind],
         required_features=[feature],

@@ -16,8 +16,10 @@ from attention_crossval.kernel.harness.backward import run_backward_case
 from attention_crossval.kernel.harness.forward import run_case
 from attention_crossval.kernel.harness.registry import GPU_BUILTIN
 from attention_crossval.kernel.harness.verdict import CheckFailed
+from attention_crossval.properties.kernel_suite import (  # noqa: F401 - the autouse fixture
+    close_workers_at_module_end,
+)
 from attention_crossval.properties.kernels_under_test import (
-    close_workers,
     kernel_adapter,
     kernel_param,
     kernel_spec,
@@ -47,12 +49,6 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         skip = pytest.mark.skip(reason="no kernel under test declares a known finding")
         params = [pytest.param(None, None, marks=[pytest.mark.cpu, skip])]
     metafunc.parametrize(("known_kernel", "known_index"), params)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _close_workers():
-    yield
-    close_workers()
 
 
 def test_known_finding_still_reproduces(known_kernel: str, known_index: int) -> None:

@@ -21,8 +21,7 @@ import pytest
 from attention_crossval.kernel.harness.backward import run_backward_case
 from attention_crossval.kernel.harness.forward import run_case
 from attention_crossval.properties import replay
-from attention_crossval.properties.test_exact import _agrees_with_double
-from attention_crossval.properties.test_exact_backward import naive_backward
+from attention_crossval.properties.exact_oracles import agrees_with_double, naive_backward
 from attention_crossval.reference.case import AttentionCase, Mask, nonfinite_rows
 from attention_crossval.reference.exact import exact_attention, naive_exact_attention
 from attention_crossval.reference.exact_backward import exact_backward
@@ -206,8 +205,8 @@ def test_a_dlse_spanning_the_float64_range_is_exact(low: float, high: float) -> 
     exact, naive = exact_backward(case), naive_backward(case, dps=700)
     for name in ("dq", "dk", "dv"):
         hi, lo, bound = (getattr(exact, name + suffix) for suffix in ("", "_lo", "_err_bound"))
-        assert _agrees_with_double(hi, lo, bound, naive[name]).all(), name
-    assert _agrees_with_double(exact.d, 0 * exact.d, exact.d_err_bound, naive["d"]).all()
+        assert agrees_with_double(hi, lo, bound, naive[name]).all(), name
+    assert agrees_with_double(exact.d, 0 * exact.d, exact.d_err_bound, naive["d"]).all()
 
 
 # ---- file names from user text -------------------------------------------------------------
