@@ -25,9 +25,9 @@ import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy
+from threadpoolctl import threadpool_limits
 
-from benchmarks.machine import cpu_model  # noqa: E402
+from benchmarks.machine import cpu_model
 
 ROOT = Path(__file__).resolve().parents[1]
 MODULE = "attention_crossval.testing.broken.cpu_exits"
@@ -135,4 +135,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with threadpool_limits(limits=1, user_api="blas"):  # docs/numerics.md#small-gemms
+        main()

@@ -23,11 +23,15 @@ import os
 import time
 from concurrent.futures import ProcessPoolExecutor
 
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-
 
 class _TimeUp(Exception):
     """Ends Hypothesis' generation once the shard's time is spent."""
+
+
+def _one_blas_thread() -> None:
+    """In each shard process, before NumPy loads there: one BLAS thread (the references' small
+    GEMMs, docs/numerics.md#small-gemms)."""
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"
 
 
 def _shard(
@@ -117,7 +121,9 @@ def main() -> None:
     gpu = _gpu_name()
     jobs = [(k, s) for k in kernels for s in range(args.shards)]
     with ProcessPoolExecutor(
-        max_workers=len(jobs), mp_context=__import__("multiprocessing").get_context("spawn")
+        max_workers=len(jobs),
+        mp_context=__import__("multiprocessing").get_context("spawn"),
+        initializer=_one_blas_thread,
     ) as pool:
         futures = [
             pool.submit(_shard, k, s, args.minutes * 60, args.max_len, args.finding_dir, backward)

@@ -33,9 +33,9 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from attention_crossval.report.shard import parse_gpus
 
-from attention_crossval.report.shard import parse_gpus  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _report_run(gpus: list[str], args: argparse.Namespace, work: Path) -> tuple[int, float]:

@@ -1,6 +1,6 @@
 """Which strategy catches which broken streaming tier, after how many examples and seconds.
 
-Run from the repository root: ``OPENBLAS_NUM_THREADS=1 python -m benchmarks.bench_mutants``.
+Run from the repository root: ``python -m benchmarks.bench_mutants``.
 Uses the ``ci`` Hypothesis profile as registered by the pytest plugin (derandomized, so the numbers
 repeat), without the example database. Prints two Markdown tables for docs/mutants.md:
 
@@ -23,17 +23,16 @@ import os
 import platform
 import sys
 
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy (docs/numerics.md#small-gemms)
+from hypothesis import Phase, settings
+from threadpoolctl import threadpool_limits
 
-from hypothesis import Phase, settings  # noqa: E402
-
-import attention_crossval.pytest_plugin  # noqa: E402,F401  (registers the Hypothesis profiles)
-from attention_crossval.properties.backward_properties import PROPERTIES  # noqa: E402
-from attention_crossval.properties.strategies import DISTRIBUTIONS, REFERENCE_SPEC, attention_cases  # noqa: E402
-from attention_crossval.reference import streaming as reference_streaming  # noqa: E402
-from attention_crossval.reference import streaming_backward as reference_backward  # noqa: E402
-from attention_crossval.testing.mutants import MUTANTS, HuntResult, hunt, load_mutant  # noqa: E402
-from attention_crossval.testing.mutants_backward import (  # noqa: E402
+import attention_crossval.pytest_plugin  # noqa: F401  (registers the Hypothesis profiles)
+from attention_crossval.properties.backward_properties import PROPERTIES
+from attention_crossval.properties.strategies import DISTRIBUTIONS, REFERENCE_SPEC, attention_cases
+from attention_crossval.reference import streaming as reference_streaming
+from attention_crossval.reference import streaming_backward as reference_backward
+from attention_crossval.testing.mutants import MUTANTS, HuntResult, hunt, load_mutant
+from attention_crossval.testing.mutants_backward import (
     BACKWARD_MUTANTS,
     hunt_backward,
     load_backward_mutant,
@@ -170,4 +169,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with threadpool_limits(limits=1, user_api="blas"):  # docs/numerics.md#small-gemms
+        sys.exit(main())
