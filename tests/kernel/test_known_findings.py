@@ -48,15 +48,15 @@ LINK = "https://github.com/pytorch/pytorch"
 
 
 # The peers' divergences, once hidden by narrower declarations (docs/usage.md, "Known findings"):
-# (check, mask kinds, features). Backward ones (measured on the H200, 2026-12-01) are named
-# "backward <check>".
+# (check, mask kinds, features), each as docs/results-h200.md records it. Backward ones are
+# named "backward <check>".
 _NAN = ("padding-read", {"varlen"}, set())
 _NAN_BACKWARD = ("backward padding-read", {"varlen"}, set())
-_PAGE_TAIL = ("padding-read", set(), {"paged"})  # pages of 128 keys, H200 2026-12-01
+_PAGE_TAIL = ("padding-read", set(), {"paged"})  # pages of 128 keys
 _HIDING = {"explicit", "window", "varlen"}
-# flash-attn-cute, H200 2026-12-01: window-hidden keys read; a dominant sink overflows
+# flash-attn-cute: window-hidden keys read; a dominant sink overflows
 _FA_SURFACE = [("hidden-nan", {"window"}, set()), ("nonfinite", set(), {"sink"})]
-# flash-attn-cute, H200 2026-12-02: paged KV at D = 96 gives a wrong, nondeterministic O
+# flash-attn-cute: paged KV at D = 96 gives a wrong, nondeterministic O
 _PAGED_D96 = [(check, set(), {"paged"}) for check in ("determinism", "bound")]
 DECLARED = {
     "sdpa-math": [_NAN, _NAN_BACKWARD],
@@ -76,7 +76,7 @@ DECLARED = {
         *_FA_SURFACE,
         _NAN_BACKWARD,
     ],
-    # H200: explicit masks 2026-12-01, windows 2026-12-02
+    # hidden keys read under explicit masks and under windows
     "flex-attention": [
         _NAN,
         ("hidden-nan", {"explicit"}, set()),
