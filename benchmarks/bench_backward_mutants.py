@@ -1,7 +1,7 @@
 """On how many seeds the default backward kernel suite catches each broken CPU backward.
 
 Run from the repository root: ``python -m benchmarks.bench_backward_mutants --seeds 10``. For each
-kernel-suite mutant of ``kernel/broken/cpu_backward_faults.py`` (and the same adapter without a
+kernel-suite mutant of ``testing/broken/cpu_backward_faults.py`` (and the same adapter without a
 bug, the control), runs ``test_kernel_backward_passes_every_check`` of
 ``properties/test_kernels_backward.py`` under the ``ci`` Hypothesis profile once per run seed
 (``$ATTENTION_CROSSVAL_SEED`` = 0, 1, ...), each in its own pytest process, as CI would. Prints a
@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FAULTS = "attention_crossval.kernel.broken.cpu_backward_faults"
+FAULTS = "attention_crossval.testing.broken.cpu_backward_faults"
 TEST = "properties/test_kernels_backward.py::test_kernel_backward_passes_every_check"
 MUTANTS = ("correct", "atomic_dq", "dq_16bit_accumulator", "ds_bf16", "dk_default_scale")
 _CHECK = re.compile(r"CheckFailed: ([a-z-]+):")

@@ -8,23 +8,19 @@ noisy (+-30 %), hence best-of-N.
 
 from __future__ import annotations
 
+import argparse
+import functools
 import os
+import platform
+import time
 
-# Before numpy: OpenBLAS' default threading is ~750x slower on small GEMMs on 2 cores
-# (docs/numerics.md#small-gemms).
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+import mpmath
+import numpy as np
+from threadpoolctl import threadpool_limits
 
-import argparse  # noqa: E402
-import functools  # noqa: E402
-import platform  # noqa: E402
-import time  # noqa: E402
-
-import mpmath  # noqa: E402
-import numpy as np  # noqa: E402
-
-from attention_crossval.reference.case import INPUT_DTYPES, AttentionCase, Mask  # noqa: E402
-from attention_crossval.reference.exact import exact_attention, naive_exact_attention, sample_rows  # noqa: E402
-from benchmarks.machine import cpu_model  # noqa: E402
+from attention_crossval.reference.case import INPUT_DTYPES, AttentionCase, Mask
+from attention_crossval.reference.exact import exact_attention, naive_exact_attention, sample_rows
+from benchmarks.machine import blas_threads, cpu_model
 
 
 def machine() -> str:
@@ -33,8 +29,8 @@ def machine() -> str:
     return (
         f"{platform.platform()} | {cpu} | {os.cpu_count()} cores | Python "
         f"{platform.python_version()} | numpy {np.__version__} | mpmath {mpmath.__version__} "
-        f"(backend {mpmath.libmp.BACKEND}) | OPENBLAS_NUM_THREADS="
-        f"{os.environ['OPENBLAS_NUM_THREADS']} | load average {os.getloadavg()[0]:.1f}"
+        f"(backend {mpmath.libmp.BACKEND}) | BLAS threads "
+        f"{blas_threads()} | load average {os.getloadavg()[0]:.1f}"
     )
 
 
@@ -104,4 +100,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with threadpool_limits(limits=1, user_api="blas"):  # docs/numerics.md#small-gemms
+        main()

@@ -10,21 +10,18 @@ The target (issue 10): 64 dq rows + 64 dk/dv columns of Sq = Sk = 2048, d = 128,
 
 from __future__ import annotations
 
+import argparse
+import functools
 import os
 
-# Before numpy: OpenBLAS' default threading is ~750x slower on small GEMMs on 2 cores.
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+import numpy as np
+from threadpoolctl import threadpool_limits
 
-import argparse  # noqa: E402
-import functools  # noqa: E402
-
-import numpy as np  # noqa: E402
-
-from attention_crossval.reference.case import INPUT_DTYPES  # noqa: E402
-from attention_crossval.reference.exact import sample_rows  # noqa: E402
-from attention_crossval.reference.exact_backward import exact_backward, sample_keys  # noqa: E402
-from attention_crossval.reference.gradients import BackwardCase  # noqa: E402
-from benchmarks.bench_exact import best_of, machine, make_case  # noqa: E402
+from attention_crossval.reference.case import INPUT_DTYPES
+from attention_crossval.reference.exact import sample_rows
+from attention_crossval.reference.exact_backward import exact_backward, sample_keys
+from attention_crossval.reference.gradients import BackwardCase
+from benchmarks.bench_exact import best_of, machine, make_case
 
 
 def make_backward_case(s: int, d: int, dtype: str, *, causal: bool = False) -> BackwardCase:
@@ -74,4 +71,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with threadpool_limits(limits=1, user_api="blas"):  # docs/numerics.md#small-gemms
+        main()

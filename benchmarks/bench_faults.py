@@ -2,7 +2,7 @@
 raises KeyboardInterrupt.
 
 Run from the repository root: ``python -m benchmarks.bench_faults --timeout 5``. For each fault
-kernel of ``kernel/broken/cpu_exits.py`` it runs, in a fresh directory, what a user runs::
+kernel of ``testing/broken/cpu_exits.py`` it runs, in a fresh directory, what a user runs::
 
     pytest --pyargs attention_crossval.properties -m kernel --kernel <fault kernel>
            --hypothesis-profile=ci [--kernel-timeout T]
@@ -25,12 +25,12 @@ import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy
+from threadpoolctl import threadpool_limits
 
-from benchmarks.machine import cpu_model  # noqa: E402
+from benchmarks.machine import cpu_model
 
 ROOT = Path(__file__).resolve().parents[1]
-MODULE = "attention_crossval.kernel.broken.cpu_exits"
+MODULE = "attention_crossval.testing.broken.cpu_exits"
 FAULTS = {
     "segfault": "reads address 0 (SIGSEGV)",
     "sys_exit": "sys.exit(0)",
@@ -83,7 +83,8 @@ def restart_seconds(restarts: int) -> list[float]:
     """Seconds to start ``cpu_exits:segfault``'s worker, first and after each crash."""
     import numpy as np
 
-    from attention_crossval.kernel.isolation import IsolatedKernel, KernelCrashed
+    from attention_crossval.kernel.harness.execution import KernelCrashed
+    from attention_crossval.kernel.harness.isolation import IsolatedKernel
     from attention_crossval.reference.case import AttentionCase
 
     rng = np.random.default_rng(0)
@@ -134,4 +135,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with threadpool_limits(limits=1, user_api="blas"):  # docs/numerics.md#small-gemms
+        main()

@@ -1,5 +1,5 @@
 """Where a pytest run of the kernel suites spends its time: seconds, share and calls per kernel
-and phase (kernel/phases.py), measured inside the harness of every test.
+and phase (kernel/harness/phases.py), measured inside the harness of every test.
 
 Runs the given pytest selection in a subprocess with ``--phase-timings`` and prints the
 machine, the run's wall time, one table per kernel (its tests' phases; ``unattributed`` is the
@@ -25,7 +25,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from attention_crossval.kernel.phases import PHASES
+from attention_crossval.kernel.harness.phases import PHASES
 from benchmarks.machine import cpu_model
 
 UNATTRIBUTED = "unattributed"

@@ -23,11 +23,15 @@ import os
 import time
 from concurrent.futures import ProcessPoolExecutor
 
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-
 
 class _TimeUp(Exception):
     """Ends Hypothesis' generation once the shard's time is spent."""
+
+
+def _one_blas_thread() -> None:
+    """In each shard process, before NumPy loads there: one BLAS thread (the references' small
+    GEMMs, docs/numerics.md#small-gemms)."""
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"
 
 
 def _shard(
@@ -35,8 +39,8 @@ def _shard(
 ) -> dict:
     from hypothesis import HealthCheck, Phase, given, seed, settings
 
-    from attention_crossval.kernel.harness import IsolatedKernel
-    from attention_crossval.kernel.known_findings import (
+    from attention_crossval.kernel.harness.isolation import IsolatedKernel
+    from attention_crossval.kernel.harness.known import (
         covering,
         run_backward_with_known,
         run_with_known,
@@ -110,14 +114,16 @@ def main() -> None:
     parser.add_argument("--finding-dir", default=None, help="save failing cases (.npz) here")
     args = parser.parse_args()
 
-    from attention_crossval.kernel.registry import default_kernels
+    from attention_crossval.kernel.harness.registry import default_kernels
 
     backward = args.passes == "backward"
     kernels = args.kernel or default_kernels(has_gpu=True, backward=backward)
     gpu = _gpu_name()
     jobs = [(k, s) for k in kernels for s in range(args.shards)]
     with ProcessPoolExecutor(
-        max_workers=len(jobs), mp_context=__import__("multiprocessing").get_context("spawn")
+        max_workers=len(jobs),
+        mp_context=__import__("multiprocessing").get_context("spawn"),
+        initializer=_one_blas_thread,
     ) as pool:
         futures = [
             pool.submit(_shard, k, s, args.minutes * 60, args.max_len, args.finding_dir, backward)

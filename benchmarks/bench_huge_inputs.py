@@ -20,11 +20,11 @@ import tracemalloc
 from collections.abc import Callable
 from typing import Any
 
-from attention_crossval.kernel import mapped  # noqa: E402
-from attention_crossval.kernel.harness import fill_padding  # noqa: E402
-from attention_crossval.kernel.isolation import input_arrays, watch_inputs  # noqa: E402
-from attention_crossval.reference.case import ELEMENTS_ENV, AttentionResult  # noqa: E402
-from attention_crossval.report.configs import HUGE_KEYS, preset  # noqa: E402
+from attention_crossval.kernel.harness import mapped
+from attention_crossval.kernel.harness.execution import input_arrays, watch_inputs
+from attention_crossval.kernel.harness.forward import fill_padding
+from attention_crossval.reference.case import ELEMENTS_ENV, AttentionResult
+from attention_crossval.report.configs import HUGE_KEYS, preset
 
 
 def _step(name: str, work: Callable[[], Any]) -> Any:

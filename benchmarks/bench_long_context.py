@@ -12,25 +12,22 @@ for a CPU kernel one call), so the overhead of checking is visible next to it.
 
 from __future__ import annotations
 
+import argparse
 import os
+import platform
+import statistics
+import tempfile
+import time
 
-# Before numpy: OpenBLAS' default threading is ~750x slower on small GEMMs on few cores
-# (docs/numerics.md#small-gemms); the report command sets the same.
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+from threadpoolctl import threadpool_limits
 
-import argparse  # noqa: E402
-import platform  # noqa: E402
-import statistics  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-
-from attention_crossval.kernel.isolation import IsolatedKernel  # noqa: E402
-from attention_crossval.kernel.registry import resolve  # noqa: E402
-from attention_crossval.reference.case import AttentionCase  # noqa: E402
-from attention_crossval.report.cache import ExactCache  # noqa: E402
-from attention_crossval.report.configs import Config  # noqa: E402
-from attention_crossval.report.runner import PHASES, Kernel, RunOptions, evaluate  # noqa: E402
-from benchmarks.machine import cpu_model  # noqa: E402
+from attention_crossval.kernel.harness.isolation import IsolatedKernel
+from attention_crossval.kernel.harness.registry import resolve
+from attention_crossval.reference.case import AttentionCase
+from attention_crossval.report.cache import ExactCache
+from attention_crossval.report.configs import Config
+from attention_crossval.report.runner import PHASES, Kernel, RunOptions, evaluate
+from benchmarks.machine import cpu_model
 
 LENGTHS = (4096, 16384, 65536, 131072)
 
@@ -119,4 +116,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with threadpool_limits(limits=1, user_api="blas"):  # docs/numerics.md#small-gemms
+        main()

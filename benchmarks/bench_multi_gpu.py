@@ -10,7 +10,8 @@ Two workloads, each timed cold (fresh output folder, so no exact-tier cache is r
   checked cases = records in the merged report.json (the same configs either way: sharding only
   splits them).
 * ``pytest``: ``CI=true pytest -m gpu -n 1`` with one GPU visible vs ``-n N`` with all N
-  (``kernel.gpu_workers`` pins one GPU per xdist worker; the ci Hypothesis profile seeds every
+  (``kernel.harness.gpu_workers`` pins one GPU per xdist worker; the ci Hypothesis profile seeds
+  every
   run from the git commit, so both runs draw the same cases); checked cases = passed tests
   (junit XML).
 
@@ -32,9 +33,9 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from attention_crossval.report.shard import parse_gpus
 
-from attention_crossval.report.shard import parse_gpus  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _report_run(gpus: list[str], args: argparse.Namespace, work: Path) -> tuple[int, float]:

@@ -1,6 +1,6 @@
 """Which strategy catches which broken streaming tier, after how many examples and seconds.
 
-Run from the repository root: ``OPENBLAS_NUM_THREADS=1 python -m benchmarks.bench_mutants``.
+Run from the repository root: ``python -m benchmarks.bench_mutants``.
 Uses the ``ci`` Hypothesis profile as registered by the pytest plugin (derandomized, so the numbers
 repeat), without the example database. Prints two Markdown tables for docs/mutants.md:
 
@@ -9,10 +9,10 @@ repeat), without the example database. Prints two Markdown tables for docs/mutan
    distribution / mask of the first and of the shrunk counterexample;
 2. mutant x mask kind, and 3. mutant x score distribution without masks: examples until
    caught with only that strategy (no shrinking; ``-`` = survived max_examples);
-4. the backward mutants (``properties/mutants_backward.py``) x every backward property
+4. the backward mutants (``testing/mutants_backward.py``) x every backward property
    (``properties/backward_properties.py``): generated examples until caught, no shrinking,
    the unmutated tier as the control row, and the mutation score;
-5. (``--part fp8``) the CPU FP8 kernels (``kernel/broken/cpu_fp8.py``) under the default
+5. (``--part fp8``) the CPU FP8 kernels (``testing/broken/cpu_fp8.py``) under the default
    kernel suite (``pytest -m cpu properties/test_kernels.py --kernel ...``), ci profile, one
    pytest process per run seed of ``--seeds``: the seeds it failed on (``fp8_fixed`` the
    control row), the checks named, seconds.
@@ -27,22 +27,21 @@ import os
 import platform
 import sys
 
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy (docs/numerics.md#small-gemms)
+from hypothesis import Phase, settings
+from threadpoolctl import threadpool_limits
 
-from hypothesis import Phase, settings  # noqa: E402
-
-import attention_crossval.pytest_plugin  # noqa: E402,F401  (registers the Hypothesis profiles)
-from attention_crossval.properties.backward_properties import PROPERTIES  # noqa: E402
-from attention_crossval.properties.mutants import MUTANTS, HuntResult, hunt, load_mutant  # noqa: E402
-from attention_crossval.properties.mutants_backward import (  # noqa: E402
+import attention_crossval.pytest_plugin  # noqa: F401  (registers the Hypothesis profiles)
+from attention_crossval.properties.backward_properties import PROPERTIES
+from attention_crossval.properties.strategies import DISTRIBUTIONS, REFERENCE_SPEC, attention_cases
+from attention_crossval.reference import streaming as reference_streaming
+from attention_crossval.reference import streaming_backward as reference_backward
+from attention_crossval.testing.mutants import MUTANTS, HuntResult, hunt, load_mutant
+from attention_crossval.testing.mutants_backward import (
     BACKWARD_MUTANTS,
     hunt_backward,
     load_backward_mutant,
 )
-from attention_crossval.properties.strategies import DISTRIBUTIONS, REFERENCE_SPEC, attention_cases  # noqa: E402
-from attention_crossval.reference import streaming as reference_streaming  # noqa: E402
-from attention_crossval.reference import streaming_backward as reference_backward  # noqa: E402
-from benchmarks.bench_backward_mutants import run_suite  # noqa: E402
+from benchmarks.bench_backward_mutants import run_suite
 
 NO_SHRINK = (Phase.explicit, Phase.reuse, Phase.generate, Phase.target)
 
@@ -161,7 +160,7 @@ def fp8_table(seeds: int) -> list[str]:
     for name in FP8_KERNELS:
         failed, checks, total = [], set(), 0.0
         for seed in range(seeds):
-            kernel = f"attention_crossval.kernel.broken.cpu_fp8:{name}"
+            kernel = f"attention_crossval.testing.broken.cpu_fp8:{name}"
             fails, check, seconds = run_suite(kernel, seed, "properties/test_kernels.py")
             print(f"{name} seed {seed}: {check if fails else 'passed'}", file=sys.stderr)
             total += seconds
@@ -210,4 +209,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with threadpool_limits(limits=1, user_api="blas"):  # docs/numerics.md#small-gemms
+        sys.exit(main())

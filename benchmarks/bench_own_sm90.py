@@ -39,10 +39,10 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from attention_crossval.kernel.adapters.own_sm90 import DEFAULT_KNOBS  # noqa: E402
-from benchmarks.machine import cpu_model  # noqa: E402
-from benchmarks.peers import flash_attn_cute_forward  # noqa: E402
-from benchmarks.timing import host_us_per_call, tflops  # noqa: E402
+from attention_crossval.kernel.adapters.own_sm90 import DEFAULT_KNOBS
+from benchmarks.machine import cpu_model
+from benchmarks.peers import flash_attn_cute_forward
+from benchmarks.timing import host_us_per_call, tflops
 
 # (B, H, S, D, causal)
 ROWS: tuple[tuple[int, int, int, int, bool], ...] = (

@@ -10,23 +10,19 @@ since tracing slows allocation.
 
 from __future__ import annotations
 
+import argparse
 import os
+import platform
+import time
+import tracemalloc
 
-# One BLAS thread: the default thread count makes small GEMMs erratic and slow on a shared VM
-# (docs/numerics.md#small-gemms). Must be set before numpy is imported.
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+import numpy as np
+from threadpoolctl import threadpool_limits
 
-import argparse  # noqa: E402
-import platform  # noqa: E402
-import time  # noqa: E402
-import tracemalloc  # noqa: E402
-
-import numpy as np  # noqa: E402
-
-from attention_crossval.reference.case import INPUT_DTYPES, AttentionCase  # noqa: E402
-from attention_crossval.reference.precision import StreamingPrecision  # noqa: E402
-from attention_crossval.reference.streaming import streaming_attention  # noqa: E402
-from benchmarks.machine import cpu_model  # noqa: E402
+from attention_crossval.reference.case import INPUT_DTYPES, AttentionCase
+from attention_crossval.reference.precision import StreamingPrecision
+from attention_crossval.reference.streaming import streaming_attention
+from benchmarks.machine import blas_threads, cpu_model
 
 MIB = 2**20
 
@@ -35,7 +31,7 @@ def machine() -> str:
     """CPU model, logical cores, numpy version and BLAS thread setting."""
     return (
         f"{cpu_model()}, {os.cpu_count()} logical cores, Python {platform.python_version()}, "
-        f"numpy {np.__version__}, OPENBLAS_NUM_THREADS={os.environ['OPENBLAS_NUM_THREADS']}"
+        f"numpy {np.__version__}, BLAS threads {blas_threads()}"
     )
 
 
@@ -96,4 +92,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with threadpool_limits(limits=1, user_api="blas"):  # docs/numerics.md#small-gemms
+        main()

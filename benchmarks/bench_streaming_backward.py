@@ -12,21 +12,18 @@ holds, so what is left is accumulators and tile temporaries.
 
 from __future__ import annotations
 
-import os
+import argparse
+import time
+import tracemalloc
 
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy (docs/numerics.md#small-gemms)
+import numpy as np
+from threadpoolctl import threadpool_limits
 
-import argparse  # noqa: E402
-import time  # noqa: E402
-import tracemalloc  # noqa: E402
-
-import numpy as np  # noqa: E402
-
-from attention_crossval.reference.case import INPUT_DTYPES  # noqa: E402
-from attention_crossval.reference.gradients import BackwardCase  # noqa: E402
-from attention_crossval.reference.precision import BackwardPrecision  # noqa: E402
-from attention_crossval.reference.streaming_backward import streaming_backward  # noqa: E402
-from benchmarks.bench_streaming import MIB, machine, make_case, parse_block  # noqa: E402
+from attention_crossval.reference.case import INPUT_DTYPES
+from attention_crossval.reference.gradients import BackwardCase
+from attention_crossval.reference.precision import BackwardPrecision
+from attention_crossval.reference.streaming_backward import streaming_backward
+from benchmarks.bench_streaming import MIB, machine, make_case, parse_block
 
 
 def make_backward_case(S: int, D: int, dtype: str, seed: int = 0) -> BackwardCase:
@@ -93,4 +90,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with threadpool_limits(limits=1, user_api="blas"):  # docs/numerics.md#small-gemms
+        main()

@@ -1,10 +1,10 @@
 """How fast the surface mutants are caught, over several Hypothesis seeds.
 
-Run from the repository root: ``OPENBLAS_NUM_THREADS=1 python -m benchmarks.bench_surface_mutants
+Run from the repository root: ``python -m benchmarks.bench_surface_mutants
 --seeds 10`` (``--first-seed`` picks another range of seeds). Two tables (``--part
 reference|kernel|both``, default both):
 
-* reference: each mutant of ``properties/mutants_surface.py`` that the float64 agreement
+* reference: each mutant of ``testing/mutants_surface.py`` that the float64 agreement
   property hunts (softcap, sinks) is hunted with ``surface_reference_cases`` restricted to its
   surfaces, 25 examples (the dev profile's budget); the unmutated tier on every surface;
 * kernel: each split-KV and paged mutant inside the CPU ``streaming-fa`` kernel
@@ -26,13 +26,16 @@ import platform
 import random
 import time
 
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy
+from hypothesis import Phase, settings
+from threadpoolctl import threadpool_limits
 
-from hypothesis import Phase, settings  # noqa: E402
-
-from attention_crossval.kernel.adapters.streaming import StreamingAdapter  # noqa: E402
-from attention_crossval.properties.mutants import HuntResult, hunt  # noqa: E402
-from attention_crossval.properties.mutants_surface import (  # noqa: E402
+from attention_crossval.kernel.adapters.streaming import StreamingAdapter
+from attention_crossval.properties.kernel_suite import max_len_for, settings_for
+from attention_crossval.properties.strategies import attention_cases
+from attention_crossval.pytest_plugin import derived_seed
+from attention_crossval.reference import streaming as reference_streaming
+from attention_crossval.testing.mutants import HuntResult, hunt
+from attention_crossval.testing.mutants_surface import (
     KERNEL_MUTANTS,
     SURFACE_SPEC,
     InProcessKernel,
@@ -41,10 +44,6 @@ from attention_crossval.properties.mutants_surface import (  # noqa: E402
     surface_mutant_kernel,
     surface_reference_cases,
 )
-from attention_crossval.properties.strategies import attention_cases  # noqa: E402
-from attention_crossval.properties.test_kernels import _max_len, _settings_for  # noqa: E402
-from attention_crossval.pytest_plugin import derived_seed  # noqa: E402
-from attention_crossval.reference import streaming as reference_streaming  # noqa: E402
 
 NO_SHRINK = (Phase.explicit, Phase.reuse, Phase.generate, Phase.target)
 SINKS = ("sink", "sink_dominant", "sink_below")
@@ -91,11 +90,11 @@ def kernel_table(seeds: range) -> None:
     settings.load_profile("ci")
     control = StreamingAdapter()
     spec = control.spec
-    chosen = settings(_settings_for(spec), phases=NO_SHRINK)
-    strategy = attention_cases(spec=spec, max_len=_max_len(spec))
+    chosen = settings(settings_for(spec), phases=NO_SHRINK)
+    strategy = attention_cases(spec=spec, max_len=max_len_for(spec))
     print(
         f"\nkernel suite: {spec.name}, ci profile, {chosen.max_examples} examples, "
-        f"max_len {_max_len(spec)}"
+        f"max_len {max_len_for(spec)}"
     )
     print("\n| mutant | examples to catch, per seed | caught | seconds |\n|---|---|---|---|")
     kernels = {"(unmutated streaming-fa)": InProcessKernel(control)}
@@ -123,4 +122,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with threadpool_limits(limits=1, user_api="blas"):  # docs/numerics.md#small-gemms
+        main()

@@ -1,4 +1,4 @@
-"""GPU check of the project's own SM90 kernel (kernel/sm90/fwd.py) on a Hopper GPU.
+"""GPU check of the project's own SM90 kernel (kernel/own/sm90/fwd.py) on a Hopper GPU.
 
 Usage (from the repository root, CuTe DSL importable, e.g. installed from
 wheels as docs/gpu.md describes)::
@@ -11,7 +11,7 @@ CUDA fault in one does not hide the others:
 1. accuracy: a few shapes against a float64 torch reference, error as a fraction of the derived
    bound (reference/bounds.py) and in output-dtype ulps (reference/compare.py); the first call of
    each (dtype, D, causal) also reports its compile time;
-2. the gpu-marked tests of properties/test_own_kernels.py (small Hypothesis example count);
+2. the gpu-marked tests of tests/kernel/test_own_kernels.py (small Hypothesis example count);
 3. throughput, bf16 D = 128, S = 4096 / 16384, causal and not, against torch SDPA's FLASH and
    cuDNN backends: TFLOP/s = 4 B H Sq Sk D / time (halved for causal), median of
    ``triton.testing.do_bench``.
@@ -51,8 +51,8 @@ ACCURACY_SHAPES = [  # (B, H, Sq, Sk, D, dtype, causal)
 def accuracy(rows: list[str]) -> None:
     import numpy as np
 
-    from attention_crossval.kernel.adapters._torch import float64_reference
     from attention_crossval.kernel.adapters.own_sm90 import create
+    from attention_crossval.kernel.harness.references import float64_reference
     from attention_crossval.reference.bounds import error_bound, lse_error_bound
     from attention_crossval.reference.case import INPUT_DTYPES, AttentionCase, Mask
     from attention_crossval.reference.compare import compare
@@ -73,7 +73,7 @@ def accuracy(rows: list[str]) -> None:
             key = (dtype, D, causal)
             note = f"first call {first:.1f} s (compile)" if key not in seen else ""
             seen.add(key)
-            reference = float64_reference(case)
+            reference = float64_reference(case, "cuda")
             precision = adapter.spec.precision_for(dtype)
             bound = error_bound(case, reference, precision, block_n=adapter.spec.tile_n)
             lse_bound = lse_error_bound(case, reference, precision, block_n=adapter.spec.tile_n)
@@ -98,7 +98,7 @@ def run_pytest(rows: list[str], *, timeout_s: float) -> None:
         sys.executable,
         "-m",
         "pytest",
-        "src/attention_crossval/properties/test_own_kernels.py",
+        "tests/kernel/test_own_kernels.py",
         "-m",
         "gpu",
     ]

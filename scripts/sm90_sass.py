@@ -68,7 +68,7 @@ def flash_attn_kernel(head_dim: int, causal: bool) -> Callable[[str], object]:
     from flash_attn.cute.flash_fwd_sm90 import FlashAttentionForwardSm90
     from flash_attn.cute.utils import AuxData
 
-    from attention_crossval.kernel.common.host import fake_arguments
+    from attention_crossval.kernel.own.common.host import fake_arguments
 
     tile_m = 192 if head_dim <= 64 else 128
     kernel = FlashAttentionForwardSm90(

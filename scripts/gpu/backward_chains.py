@@ -19,8 +19,8 @@ import sys
 
 import numpy as np
 
-from attention_crossval.kernel.references_backward import float64_gradients
-from attention_crossval.kernel.registry import resolve
+from attention_crossval.kernel.harness.references_backward import float64_gradients
+from attention_crossval.kernel.harness.registry import resolve
 from attention_crossval.reference.bounds_backward import GRADIENTS, backward_error_bound
 from attention_crossval.reference.gradients import BackwardCase
 from attention_crossval.reference.precision import BackwardPrecision

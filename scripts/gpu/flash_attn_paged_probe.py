@@ -6,8 +6,8 @@ failed checks for one bf16 decode each (the run behind its paged D = 96 known fi
 
 import numpy as np
 
-from attention_crossval.kernel.harness import run_case
-from attention_crossval.kernel.registry import resolve
+from attention_crossval.kernel.harness.forward import run_case
+from attention_crossval.kernel.harness.registry import resolve
 from attention_crossval.reference.case import AttentionCase
 from attention_crossval.reference.precision import cast_input
 

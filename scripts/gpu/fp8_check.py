@@ -1,4 +1,4 @@
-"""Run the Triton FP8 forward (kernel/broken/triton_fp8.py) with the fixed constants and with
+"""Run the Triton FP8 forward (testing/broken/triton_fp8.py) with the fixed constants and with
 FA4's on FA4's trigger, and print one table row per (kernel, case).
 
     python scripts/gpu/fp8_check.py              # on the GPU; exit 1 on an unexpected verdict
@@ -42,17 +42,17 @@ def main() -> int:
         from attention_crossval.properties.triton_interpreter import patch_interpreter
 
         patch_interpreter()
-    from attention_crossval.kernel.broken.triton_fp8 import (
+    from attention_crossval.kernel.harness.forward import run_case
+    from attention_crossval.kernel.harness.references import CaseReferences
+    from attention_crossval.reference.precision import StreamingPrecision
+    from attention_crossval.reference.streaming import RescaleTrace, streaming_attention
+    from attention_crossval.testing.broken.triton_fp8 import (
         BLOCK_M,
         BLOCK_N,
         creep_case,
         fa4_constants,
         fixed,
     )
-    from attention_crossval.kernel.harness import run_case
-    from attention_crossval.kernel.references import CaseReferences
-    from attention_crossval.reference.precision import StreamingPrecision
-    from attention_crossval.reference.streaming import RescaleTrace, streaming_attention
 
     header = (
         "kernel", "case", "runs", "declares", "max |O err|", "/ bound", "clamped P",

@@ -12,10 +12,10 @@ shadow them.
 
 from __future__ import annotations
 
-from attention_crossval.kernel.isolation import Declined
-from attention_crossval.kernel.known_findings import KnownFinding
-from attention_crossval.kernel.public_call import PublicCall
-from attention_crossval.kernel.spec import (
+from attention_crossval.kernel.contract.declined import Declined
+from attention_crossval.kernel.contract.known_findings import KnownFinding
+from attention_crossval.kernel.contract.public_call import PublicCall
+from attention_crossval.kernel.contract.spec import (
     BackwardKernelAdapter,
     KernelAdapter,
     KernelSpec,

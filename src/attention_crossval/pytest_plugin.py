@@ -32,16 +32,17 @@ import pytest
 from hypothesis import HealthCheck, Phase, Verbosity, settings
 from threadpoolctl import threadpool_limits
 
-from attention_crossval.kernel.isolation import DEFAULT_TIMEOUT_S, check_timeout  # noqa: E402
+from attention_crossval.kernel.harness.isolation import DEFAULT_TIMEOUT_S, check_timeout  # noqa: E402
 
 # gpu_workers: one GPU per xdist worker; coverage: shape x mask x distribution x dtype tally;
 # phase_timings: seconds per phase of each test (--phase-timings); long_tests: long_context
-# tests only when asked for
+# tests only when asked for; kernels_under_test: the kernel workers closed at the session end
 pytest_plugins = [
-    "attention_crossval.kernel.gpu_workers",
+    "attention_crossval.kernel.harness.gpu_workers",
     "attention_crossval.properties.coverage",
     "attention_crossval.properties.phase_timings",
     "attention_crossval.properties.long_tests",
+    "attention_crossval.properties.kernels_under_test",
 ]
 
 MARKERS = {
@@ -303,7 +304,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     gpu_items = [item for item in own if item.get_closest_marker("gpu")]
     if not gpu_items:
         return
-    from attention_crossval.kernel.gpu_workers import cuda_available, pin_worker_gpu
+    from attention_crossval.kernel.harness.gpu_workers import cuda_available, pin_worker_gpu
 
     pin_worker_gpu(config)  # before CUDA is first probed in this process
     has_cuda, reason = cuda_available()
@@ -352,7 +353,7 @@ def pytest_report_collectionfinish(config: pytest.Config, items: list[pytest.Ite
         return []
     import mpmath
 
-    from attention_crossval.kernel.gpu_workers import cuda_available, worker_gpus_line
+    from attention_crossval.kernel.harness.gpu_workers import cuda_available, worker_gpus_line
 
     wants_gpu = any(item.get_closest_marker("gpu") for item in own)
     gpu = cuda_available()[1] if wants_gpu else "not probed (no gpu test selected)"
@@ -391,7 +392,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
 def one_line_finding(error: BaseException) -> str:
     """A failure in one line: a harness check's own first line (``bound: ...``), else the
     exception's type and its first line; of several (Hypothesis' distinct failures), the first."""
-    from attention_crossval.kernel.verdict import CheckFailed
+    from attention_crossval.kernel.harness.verdict import CheckFailed
 
     if isinstance(error, BaseExceptionGroup):
         more = len(error.exceptions) - 1

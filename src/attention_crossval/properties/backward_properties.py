@@ -1,6 +1,6 @@
 """The backward pass's CPU properties, each a function of the tier under test, so that the
 tests run them on ``reference.streaming_backward`` and the mutation hunt
-(:mod:`properties.mutants_backward`) runs the very same checks on broken copies of it.
+(:mod:`testing.mutants_backward`) runs the very same checks on broken copies of it.
 
 A *tier* is any namespace with ``streaming_backward`` and ``RowSumTrace`` (the production
 module or a mutated copy). Each :class:`BackwardProperty` in :data:`PROPERTIES` pairs a check

@@ -16,7 +16,7 @@ from collections import Counter
 
 import pytest
 
-from attention_crossval.kernel.spec import KernelSpec
+from attention_crossval.kernel.contract.spec import KernelSpec
 from attention_crossval.properties._strategies.features import FEATURES, spec_features
 from attention_crossval.properties._strategies.scores import DISTRIBUTIONS
 from attention_crossval.reference.case import AttentionCase

@@ -24,8 +24,8 @@ from typing import Any, TypeVar
 
 import pytest
 
-from attention_crossval.kernel.isolation import IsolatedKernel
-from attention_crossval.kernel.verdict import CheckFailed, Verdict
+from attention_crossval.kernel.harness.isolation import IsolatedKernel
+from attention_crossval.kernel.harness.verdict import CheckFailed, Verdict
 from attention_crossval.properties.kernels_under_test import kernel_adapter
 from attention_crossval.properties.replay import current_test, reproducer_on_failure
 from attention_crossval.reference.case import AttentionCase

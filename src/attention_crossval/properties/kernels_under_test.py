@@ -10,12 +10,14 @@ session down.
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
 
 import pytest
 
-from attention_crossval.kernel.gpu_workers import cuda_available
-from attention_crossval.kernel.isolation import IsolatedKernel
-from attention_crossval.kernel.registry import (
+from attention_crossval.kernel.contract.spec import MASK_KINDS, KernelAdapter, KernelSpec
+from attention_crossval.kernel.harness.gpu_workers import cuda_available
+from attention_crossval.kernel.harness.isolation import IsolatedKernel
+from attention_crossval.kernel.harness.registry import (
     BACKWARD_VARIANTS,
     BROKEN_FIXTURES,
     GPU_BUILTIN,
@@ -24,7 +26,6 @@ from attention_crossval.kernel.registry import (
     default_kernels,
     resolve,
 )
-from attention_crossval.kernel.spec import MASK_KINDS, KernelAdapter, KernelSpec
 
 _WORKERS: dict[str, IsolatedKernel] = {}
 
@@ -35,6 +36,16 @@ def worker(kernel: str) -> IsolatedKernel:
     if kernel not in _WORKERS:
         _WORKERS[kernel] = IsolatedKernel(kernel, timeout_s=300.0)
     return _WORKERS[kernel]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _kernel_workers() -> Iterator[None]:
+    """The kernel suites' workers (:func:`worker`) live for the whole session, shared by every
+    test module: a worker's start imports torch or CuTe DSL and sets up CUDA (seconds each), and
+    a module that closed them made the next one start them again. Registered by the plugin;
+    it closes only workers this package started."""
+    yield
+    close_workers()
 
 
 def close_workers() -> None:

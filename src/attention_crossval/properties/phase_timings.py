@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from hypothesis import strategies as st
 
-from attention_crossval.kernel.phases import CLOCK, Phases, merged, phase
+from attention_crossval.kernel.harness.phases import CLOCK, Phases, merged, phase
 
 OPTION = "--phase-timings"
 ATTRIBUTE = "attention_crossval_phases"  # on a test's teardown report: its phases

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from attention_crossval.kernel.saved_cases import KERNEL_FIELD, store_kernel
+from attention_crossval.kernel.harness.saved_cases import KERNEL_FIELD, store_kernel
 from attention_crossval.reference.bounds import error_bound
 from attention_crossval.reference.case import MAX_ELEMENTS, AttentionCase
 from attention_crossval.reference.compare import compare
@@ -246,8 +246,8 @@ def rerun_kernel(kernel: str) -> Iterator[Any]:
     """The adapter that reruns ``kernel`` on a saved case, as the suite runs it: in this process
     for the in-process built-ins, else in a worker process (closed on leaving). ValueError when
     the kernel cannot load."""
-    from attention_crossval.kernel.isolation import IsolatedKernel
-    from attention_crossval.kernel.registry import IN_PROCESS, resolve
+    from attention_crossval.kernel.harness.isolation import IsolatedKernel
+    from attention_crossval.kernel.harness.registry import IN_PROCESS, resolve
 
     adapter = resolve(kernel) if kernel in IN_PROCESS else IsolatedKernel(kernel, timeout_s=300.0)
     try:
@@ -261,7 +261,7 @@ def replay_kernel(path: Path, kernel: str, which: str) -> tuple[str, bool]:
     """Rerun ``kernel`` on the case saved at ``path`` through the suite's checks for pass
     ``which`` ("forward" or "backward"); returns ``(report text, failed)``. Known findings of
     the kernel do not fail, as in the suite. ValueError when the kernel cannot load."""
-    from attention_crossval.kernel.known_findings import (
+    from attention_crossval.kernel.harness.known import (
         covering,
         run_backward_with_known,
         run_with_known,

@@ -21,7 +21,7 @@ import numpy as np
 from hypothesis import event
 from hypothesis import strategies as st
 
-from attention_crossval.kernel.spec import MASK_KINDS, KernelSpec
+from attention_crossval.kernel.contract.spec import MASK_KINDS, KernelSpec
 from attention_crossval.properties import coverage
 from attention_crossval.properties._strategies.features import (
     BASES,

@@ -13,14 +13,9 @@ from hypothesis import strategies as st
 from mpmath.libmp import from_man_exp, mpf_exp, mpf_sub, to_float
 from mpmath.libmp.libelefun import exp_fixed, ln2_fixed
 
+from attention_crossval.properties.exact_oracles import agrees_with_double, cases, dtype_values
 from attention_crossval.properties.strategies import attention_cases
-from attention_crossval.reference.case import (
-    INPUT_DTYPES,
-    WIDE_DTYPES,
-    AttentionCase,
-    CausalAlignment,
-    Mask,
-)
+from attention_crossval.reference.case import WIDE_DTYPES, AttentionCase
 from attention_crossval.reference.exact import (
     EXP_FIXED_ERROR_BOUND,
     dyadic_matmul,
@@ -33,63 +28,6 @@ from attention_crossval.reference.masks import empty_rows, visible, visible_all
 pytestmark = pytest.mark.cpu
 
 
-def _values(rng: np.random.Generator, shape: tuple[int, ...], dtype: str, kind: str) -> np.ndarray:
-    """Arrays of one input dtype: ``normal`` N(0, 1.5^2) or ``wide`` (log-uniform magnitudes over
-    most of the dtype's exponent range, zeros and subnormals included)."""
-    if kind == "normal":
-        x = rng.standard_normal(shape) * 1.5
-    else:
-        limit = {"float16": 15, "bfloat16": 120, "float32": 120}[dtype]
-        x = rng.choice([-1.0, 1.0], shape) * np.exp2(rng.uniform(-limit - 10, limit, shape))
-        x[rng.random(shape) < 0.1] = 0.0
-    return x.astype(np.float32).astype(INPUT_DTYPES[dtype])
-
-
-@st.composite
-def cases(draw, dtypes=WIDE_DTYPES, kinds=("normal", "wide"), max_len=8) -> AttentionCase:
-    """Small cases from drawn parameters and a seed: shapes, GQA ratio, dtype, value kind, scale,
-    causal alignment, window, varlen padding (NaN at padded K/V) and explicit masks."""
-    B, Sq, Sk = (
-        draw(st.integers(1, 2)),
-        draw(st.integers(1, max_len)),
-        draw(st.integers(1, max_len)),
-    )
-    Hkv, group = draw(st.integers(1, 2)), draw(st.integers(1, 2))
-    D, Dv = draw(st.integers(1, 8)), draw(st.integers(1, 4))
-    dtype, kind = draw(st.sampled_from(dtypes)), draw(st.sampled_from(kinds))
-    seed = draw(st.integers(0, 2**32 - 1))
-    scale = draw(st.sampled_from([None, 1.0, 0.0625, 3.0]))
-    window = draw(st.sampled_from([None, 0, 2]))
-    mask = Mask(
-        causal=draw(st.booleans()),
-        alignment=draw(st.sampled_from(list(CausalAlignment))),
-        window_left=window,
-        window_right=draw(st.sampled_from([None, 1])) if window is not None else None,
-        q_lengths=draw(st.none() | st.lists(st.integers(0, Sq), min_size=B, max_size=B)),
-        k_lengths=draw(st.none() | st.lists(st.integers(0, Sk), min_size=B, max_size=B)),
-        explicit=np.random.default_rng(seed).random((B, 1, Sq, Sk)) < 0.8
-        if draw(st.booleans())
-        else None,
-    )
-    rng = np.random.default_rng(seed)
-    q = _values(rng, (B, Sq, Hkv * group, D), dtype, kind)
-    k = _values(rng, (B, Sk, Hkv, D), dtype, kind)
-    v = _values(rng, (B, Sk, Hkv, Dv), dtype, kind)
-    for array, lengths in ((q, mask.q_lengths), (k, mask.k_lengths), (v, mask.k_lengths)):
-        for b, n in enumerate(lengths or ()):
-            array[b, n:] = np.nan  # padding must never be read
-    return AttentionCase(q, k, v, softmax_scale=scale, mask=mask)
-
-
-def _agrees_with_double(hi: np.ndarray, lo: np.ndarray, bound: np.ndarray, other: np.ndarray):
-    """True where ``other`` (the nearest double to the naive loop's value, itself within
-    ``1e-90`` relative of the exact one) lies within its half ulp plus the certified bound of
-    ``hi + lo``. As sharp as a double allows, and it tolerates unresolvable rounding ties."""
-    gap = np.abs((hi - other) + lo)
-    allowed = bound + 0.5 * np.spacing(np.abs(other)) + 1e-90 * np.abs(other)
-    return gap <= allowed * (1 + 2.0**-50)
-
-
 # The project's adversarial distributions plus log-uniform values over whole exponent ranges.
 _ALL_CASES = st.one_of(attention_cases(max_len=10, max_heads=2), cases())
 
@@ -98,7 +36,7 @@ _ALL_CASES = st.one_of(attention_cases(max_len=10, max_heads=2), cases())
 def test_exact_matches_naive_loop(case: AttentionCase) -> None:
     exact, naive = exact_attention(case), naive_exact_attention(case)
     o_bound = np.broadcast_to(exact.o_err_bound.transpose(0, 2, 1)[..., None], exact.o.shape)
-    assert _agrees_with_double(exact.o, exact.o_lo, o_bound, naive.o).all()
+    assert agrees_with_double(exact.o, exact.o_lo, o_bound, naive.o).all()
     finite = np.isfinite(naive.lse)
     assert np.array_equal(finite, np.isfinite(exact.lse))
     assert np.all(exact.lse[~finite] == naive.lse[~finite])
@@ -127,8 +65,8 @@ def test_certified_bound_holds_and_is_tiny(case: AttentionCase) -> None:
 def test_dyadic_matmul_equals_fraction_arithmetic(dtype: str, kind: str, seed: int) -> None:
     rng = np.random.default_rng(seed)
     n, m, d = rng.integers(1, 6, size=3)
-    a = _values(rng, (n, d), dtype, kind).astype(np.float64)
-    b = _values(rng, (m, d), dtype, kind).astype(np.float64)
+    a = dtype_values(rng, (n, d), dtype, kind).astype(np.float64)
+    b = dtype_values(rng, (m, d), dtype, kind).astype(np.float64)
     ints, exponent = dyadic_matmul(a, b)
     for i in range(n):
         for j in range(m):
@@ -141,8 +79,8 @@ def test_dyadic_matmul_equals_fraction_arithmetic(dtype: str, kind: str, seed: i
 def test_dyadic_matmul_is_exact_at_width_limits() -> None:
     """Long dot products of full-width fp32 values: every limb sum must stay below 2^53."""
     rng = np.random.default_rng(7)
-    a = _values(rng, (3, 256), "float32", "wide").astype(np.float64)
-    b = _values(rng, (4, 256), "float32", "wide").astype(np.float64)
+    a = dtype_values(rng, (3, 256), "float32", "wide").astype(np.float64)
+    b = dtype_values(rng, (4, 256), "float32", "wide").astype(np.float64)
     ints, exponent = dyadic_matmul(a, b)
     for i in range(3):
         expected = sum(
@@ -237,7 +175,7 @@ def test_bfloat16_extreme_exponents_against_naive_loop() -> None:
     case = AttentionCase(q, k.astype(ml_dtypes.bfloat16), v.astype(ml_dtypes.bfloat16), 2.0**-40)
     exact, naive = exact_attention(case), naive_exact_attention(case)
     o_bound = np.broadcast_to(exact.o_err_bound.transpose(0, 2, 1)[..., None], exact.o.shape)
-    assert _agrees_with_double(exact.o, exact.o_lo, o_bound, naive.o).all()
+    assert agrees_with_double(exact.o, exact.o_lo, o_bound, naive.o).all()
     lse_allowed = exact.lse_err_bound + np.spacing(np.abs(naive.lse))
     assert np.all(np.abs(exact.lse - naive.lse) <= lse_allowed)
 

@@ -7,15 +7,19 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import mpmath
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from mpmath.libmp import from_man_exp, mpf_exp, mpf_sub, to_float
 
+from attention_crossval.properties.exact_oracles import (
+    agrees_with_double,
+    cases,
+    dtype_values,
+    naive_backward,
+)
 from attention_crossval.properties.strategies import backward_cases
-from attention_crossval.properties.test_exact import _agrees_with_double, _values, cases
 from attention_crossval.reference.case import INPUT_DTYPES, AttentionCase, Mask
 from attention_crossval.reference.exact import exact_attention, sample_rows
 from attention_crossval.reference.exact_backward import (
@@ -39,7 +43,7 @@ def wide_backward_cases(draw, max_len: int = 6) -> BackwardCase:
     case = draw(cases(max_len=max_len))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     kind = draw(st.sampled_from(["normal", "wide"]))
-    do = _values(rng, (case.B, case.Sq, case.Hq, case.Dv), case.dtype, kind)
+    do = dtype_values(rng, (case.B, case.Sq, case.Hq, case.Dv), case.dtype, kind)
     for b, n in enumerate(case.mask.q_lengths or ()):
         do[b, n:] = np.nan  # padding must never be read
     dlse = rng.standard_normal((case.B, case.Hq, case.Sq)) if draw(st.booleans()) else None
@@ -49,54 +53,14 @@ def wide_backward_cases(draw, max_len: int = 6) -> BackwardCase:
 _ALL_CASES = st.one_of(backward_cases(max_len=8, max_heads=2), wide_backward_cases())
 
 
-def naive_backward(case: BackwardCase, dps: int = 80) -> dict[str, np.ndarray]:
-    """Independent, obviously correct mpmath loop (private context, ``dps`` digits): dq, dk,
-    dv (dk/dv summed over GQA groups) and ``d`` = D - dlse, nearest doubles."""
-    f = case.forward
-    ctx = mpmath.MPContext()
-    ctx.dps = dps
-    mp = np.frompyfunc(lambda x: ctx.mpf(float(x)), 1, 1)
-    scale = ctx.mpf(f.softmax_scale)
-    dq = np.full((f.B, f.Sq, f.Hq, f.D), ctx.mpf(0), dtype=object)
-    dk = np.full((f.B, f.Sk, f.Hkv, f.D), ctx.mpf(0), dtype=object)
-    dv = np.full((f.B, f.Sk, f.Hkv, f.Dv), ctx.mpf(0), dtype=object)
-    d = np.zeros((f.B, f.Hq, f.Sq))
-    for b in range(f.B):
-        for h in range(f.Hq):
-            kv, seen = f.kv_head(h), visible(f, b, h)
-            for i in np.flatnonzero(seen.any(axis=1)):
-                keys = np.flatnonzero(seen[i])
-                q, do = mp(f.q[b, i, h]), mp(case.do[b, i, h])
-                k, v = mp(f.k[b, keys, kv]), mp(f.v[b, keys, kv])
-                s = [scale * ctx.fdot(q, row) for row in k]
-                top = max(s)
-                p = [ctx.exp(x - top) for x in s]
-                total = ctx.fsum(p)
-                p = [x / total for x in p]
-                g = [ctx.fdot(do, row) for row in v]
-                D = ctx.fdot(p, g) - (0 if case.dlse is None else ctx.mpf(case.dlse[b, h, i]))
-                d[b, h, i] = float(D)
-                ds = np.array([pj * (gj - D) for pj, gj in zip(p, g, strict=True)], dtype=object)
-                dq[b, i, h] = scale * (ds @ k)
-                dk[b, keys, kv] += scale * np.outer(ds, q)
-                dv[b, keys, kv] += np.outer(np.array(p, dtype=object), do)
-    as_float = np.frompyfunc(float, 1, 1)
-    return {
-        "dq": as_float(dq).astype(float),
-        "dk": as_float(dk).astype(float),
-        "dv": as_float(dv).astype(float),
-        "d": d,
-    }
-
-
 @given(_ALL_CASES)
 def test_exact_backward_matches_naive_loop(case: BackwardCase) -> None:
     exact, naive = exact_backward(case), naive_backward(case)
     for name in GRADS:
         hi, lo, bound = (getattr(exact, name + suffix) for suffix in ("", "_lo", "_err_bound"))
-        assert _agrees_with_double(hi, lo, bound, naive[name]).all(), name
+        assert agrees_with_double(hi, lo, bound, naive[name]).all(), name
     rows = np.isfinite(exact.d)  # rows whose statistics were computed
-    assert _agrees_with_double(exact.d, 0 * exact.d, exact.d_err_bound, naive["d"])[rows].all()
+    assert agrees_with_double(exact.d, 0 * exact.d, exact.d_err_bound, naive["d"])[rows].all()
     forward = exact_attention(case.forward)  # the LSE the row statistics imply, certified twice
     finite = rows & np.isfinite(forward.lse)
     assert np.array_equal(exact.lse[rows & ~finite], forward.lse[rows & ~finite])
@@ -279,11 +243,11 @@ def test_bfloat16_extreme_exponents_against_naive_loop() -> None:
     """Scores spanning ~250 binades take the Python-int score path and dozens of exp chunks."""
     rng = np.random.default_rng(7)
     dtype = INPUT_DTYPES["bfloat16"]
-    values = [_values(rng, (1, 3, 2, 3), "bfloat16", "wide") for _ in range(2)]
-    kv = [_values(rng, (1, 4, 1, 3), "bfloat16", "wide") for _ in range(2)]
+    values = [dtype_values(rng, (1, 3, 2, 3), "bfloat16", "wide") for _ in range(2)]
+    kv = [dtype_values(rng, (1, 4, 1, 3), "bfloat16", "wide") for _ in range(2)]
     forward = AttentionCase(values[0], kv[0], kv[1], softmax_scale=2.0**-60)
     case = BackwardCase(forward, values[1].astype(dtype))
     exact, naive = exact_backward(case), naive_backward(case, dps=200)
     for name in GRADS:
         hi, lo, bound = (getattr(exact, name + suffix) for suffix in ("", "_lo", "_err_bound"))
-        assert _agrees_with_double(hi, lo, bound, naive[name]).all(), name
+        assert agrees_with_double(hi, lo, bound, naive[name]).all(), name

@@ -1,6 +1,7 @@
-"""The strict-xfail test per declared known finding (kernel/known_findings.py) of each kernel under
+"""The strict-xfail test per declared known finding (kernel/contract/known_findings.py) of each
+kernel under
 test (``--kernel``; by default the GPU built-ins, the CPU divergent adapters of
-kernel/broken/cpu_known.py and the paged one of kernel/broken/cpu_call_options.py). It asserts
+testing/broken/cpu_known.py and the paged one of testing/broken/cpu_call_options.py). It asserts
 the known check passes on the finding's trigger case, so it xfails while the divergence lasts
 and an upstream fix fails it (XPASS strict). Each test is marked cpu or gpu by its kernel's
 device.
@@ -10,22 +11,15 @@ from __future__ import annotations
 
 import pytest
 
-from attention_crossval.kernel.harness import CheckFailed, run_case
-from attention_crossval.kernel.harness_backward import run_backward_case
-from attention_crossval.kernel.known_findings import backward_trigger_case, trigger_case
-from attention_crossval.kernel.registry import GPU_BUILTIN
+from attention_crossval.kernel.contract.known_findings import backward_trigger_case, trigger_case
+from attention_crossval.kernel.harness.backward import run_backward_case
+from attention_crossval.kernel.harness.forward import run_case
+from attention_crossval.kernel.harness.verdict import CheckFailed
+from attention_crossval.properties.kernel_suite import KNOWN_FINDING_KERNELS
 from attention_crossval.properties.kernels_under_test import (
     kernel_adapter,
     kernel_param,
     kernel_spec,
-)
-
-CPU_KNOWN = "attention_crossval.kernel.broken.cpu_known"
-DEFAULT_KERNELS = (
-    *GPU_BUILTIN,
-    f"{CPU_KNOWN}:hidden_rows",
-    f"{CPU_KNOWN}:reads_padding",
-    "attention_crossval.kernel.broken.cpu_call_options:reads_page_tail",
 )
 
 
@@ -33,7 +27,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "known_kernel" not in metafunc.fixturenames:
         return
     params = []
-    for name in metafunc.config.getoption("--kernel") or DEFAULT_KERNELS:
+    for name in metafunc.config.getoption("--kernel") or KNOWN_FINDING_KERNELS:
         spec = kernel_spec(name)
         for index, known in enumerate(spec.known_findings):
             expected = pytest.mark.xfail(strict=True, raises=CheckFailed, reason=str(known))

@@ -99,7 +99,8 @@ def check_element_budget(
 
 def frozen(array: np.ndarray) -> np.ndarray:
     """``array`` as a case holds it: read-only and owning its memory. An array that already is
-    both (a case's own, handed on by ``dataclasses.replace`` or :func:`kernel.harness.fill_padding`)
+    both (a case's own, handed on by ``dataclasses.replace`` or
+    :func:`kernel.harness.forward.fill_padding`)
     is taken as it is, anything else copied: a derived case of a 4 GiB K costs no copy."""
     if array.flags.owndata and not array.flags.writeable:
         return array
@@ -275,7 +276,7 @@ class AttentionCase:
     Call options: how the kernel is called, not what it computes (docs/forward-surface.md,
     "Call options"). The exact tier ignores them; the split-KV bound and emulation read
     ``num_splits``; an adapter builds the layout from the logical q, k, v
-    (:mod:`kernel.call_options`):
+    (:mod:`kernel.contract.call_options`):
 
     * ``page_size``: K/V handed over in pages of this many keys through a page table
       (:func:`reference.paged.page_kv`). None = contiguous K/V.
@@ -287,7 +288,8 @@ class AttentionCase:
     * ``page_fill``: what the paged layout holds where no sequence may read (the tail of a
       partly filled last page, unused pages): the paged analogue of padding. NaN by default, so
       a read shows; the harness's clean run puts 0 there as it does in padding
-      (:func:`kernel.harness.fill_padding`), which tells such a read (``padding-read``) from a
+      (:func:`kernel.harness.forward.fill_padding`), which tells such a read (``padding-read``)
+      from a
       non-finite result on clean inputs.
 
     FP8 inputs (``float8_e4m3fn``, ``float8_e5m2``; docs/fp8.md): the case means attention of

@@ -1,11 +1,12 @@
 """The backward pass of a report record (``attention-report --pass backward|both``).
 
 For each (config, kernel) the kernel's dq/dk/dv run through the backward harness
-(:func:`kernel.harness_backward.run_backward_case`: poisoned padding, prefill and guards where
+(:func:`kernel.harness.backward.run_backward_case`: poisoned padding, prefill and guards where
 the adapter allows, determinism) and are compared, per gradient, like the forward's pairs:
 kernel vs exact (sampled rows and keys), kernel vs float64 (every element), kernel vs streaming
 (2x the bound) and streaming vs exact, in ulps of the declared backward chain's output dtype and
-as a fraction of its derived bound (:mod:`kernel.references_backward`). The record's ``backward``
+as a fraction of its derived bound (:mod:`kernel.harness.references_backward`). The record's
+``backward``
 object (schema: report/schema.json, ``$defs/backward``) holds them with the triage, the count of
 vacuous bound elements per gradient and the run-to-run result.
 
@@ -18,12 +19,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from attention_crossval.kernel.harness_backward import (
+from attention_crossval.kernel.harness.backward import (
     KERNEL_VS_STREAMING_SCALE,
     run_backward_case,
     triage,
 )
-from attention_crossval.kernel.references_backward import (
+from attention_crossval.kernel.harness.references_backward import (
     GRADIENTS,
     BackwardReferences,
     gradient_dtype,

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from threadpoolctl import threadpool_limits
 
-from attention_crossval.kernel.isolation import MAX_TIMEOUT_S
+from attention_crossval.kernel.harness.isolation import MAX_TIMEOUT_S
 from attention_crossval.report.backward import PASSES
 from attention_crossval.report.configs import (
     PRESETS,
@@ -320,7 +320,7 @@ def _configs(args: argparse.Namespace, kernels: list) -> list:
 
 def run_main(argv: Sequence[str]) -> int:
     args = _run_parser().parse_args(argv)
-    from attention_crossval.kernel.registry import BUILTIN, available
+    from attention_crossval.kernel.harness.registry import BUILTIN, available
 
     if args.list_kernels:
         here = set(available())

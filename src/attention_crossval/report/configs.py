@@ -646,7 +646,7 @@ PRESETS: dict[str, Callable[[], list[Config]]] = {
     ),
     # CPU default, with the NumPy streaming tier as the kernel: the rotated grid, the crossed
     # configs and the backward rows. It reaches the input classes of report.grid_classes
-    # (properties/test_report_grid.py).
+    # (tests/report/test_report_grid.py).
     "default": lambda: _rotated() + _crossed() + _backward_rows(),
     "gpu-small": lambda: grid(
         dtypes=["bfloat16", "float16"],

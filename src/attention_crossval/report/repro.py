@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from attention_crossval.kernel.public_call import PublicCall, public_call
+from attention_crossval.kernel.contract.public_call import PublicCall, public_call
 from attention_crossval.reference.case import AttentionCase
 from attention_crossval.report.repro_case import Evidence, gather
 from attention_crossval.report.repro_script import (
@@ -107,7 +107,7 @@ def write_repro_for_file(
 ) -> Path:
     """:func:`write_repro` for a saved case (``AttentionCase.save``; the kernel saved with it
     unless ``kernel``), into ``out`` (default ``repro-<case file stem>`` beside the case)."""
-    from attention_crossval.kernel.registry import resolve
+    from attention_crossval.kernel.harness.registry import resolve
     from attention_crossval.properties.replay import load_case, rerun_kernel, saved_for
 
     path = Path(path)
@@ -132,8 +132,8 @@ def write_known_repros(kernel: str, out: str | Path | None = None) -> tuple[list
     trigger case (:func:`kernel.known_findings.trigger_case`), trimmed and run, under ``out``
     (default ``repro-<kernel>``). Returns one line per finding (where it went, or why none was
     written: the trigger passes, the kernel skips it) and whether every finding still fails."""
-    from attention_crossval.kernel.known_findings import trigger_case
-    from attention_crossval.kernel.registry import resolve
+    from attention_crossval.kernel.contract.known_findings import trigger_case
+    from attention_crossval.kernel.harness.registry import resolve
     from attention_crossval.properties.replay import rerun_kernel
     from attention_crossval.reference.file_names import safe_file_name
 
@@ -291,7 +291,9 @@ def inputs_words(case: AttentionCase) -> str:
             return f"score distribution `{name}` ({DISTRIBUTIONS[name].targets})"
         return f"score distribution `{name}`"
     if case.label.startswith("trigger:"):
-        return "the known finding's trigger case (kernel/known_findings.py): N(0, 1) inputs"
+        return (
+            "the known finding's trigger case (kernel/contract/known_findings.py): N(0, 1) inputs"
+        )
     return f"as saved ({case.label or 'no label'})"
 
 

@@ -15,10 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from attention_crossval.kernel.harness import run_case
-from attention_crossval.kernel.known_findings import KnownFinding, covering
-from attention_crossval.kernel.references import CaseReferences
-from attention_crossval.kernel.verdict import Finding, Verdict
+from attention_crossval.kernel.contract.known_findings import KnownFinding
+from attention_crossval.kernel.harness.forward import run_case
+from attention_crossval.kernel.harness.known import covering
+from attention_crossval.kernel.harness.references import CaseReferences
+from attention_crossval.kernel.harness.verdict import Finding, Verdict
 from attention_crossval.reference.case import AttentionCase, AttentionResult
 from attention_crossval.reference.masks import empty_rows
 from attention_crossval.report.repro_script import SCRIPT_CHECKS

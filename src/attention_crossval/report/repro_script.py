@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from attention_crossval.kernel.public_call import PublicCall
+from attention_crossval.kernel.contract.public_call import PublicCall
 from attention_crossval.reference.case import AttentionCase, CausalAlignment
 
 # The checks a script can apply on its own, and what each compares.

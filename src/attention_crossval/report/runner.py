@@ -1,7 +1,7 @@
 """Evaluate configurations: run each kernel, compare every tier pair, write one record each.
 
 Per config the runner builds the case once; its reference tiers come from one
-:class:`kernel.references.CaseReferences` shared by the config's kernels (the same code the
+:class:`kernel.harness.references.CaseReferences` shared by the config's kernels (the same code the
 harness's ``bound`` / ``lse`` checks use), which computes
 
 * the exact tier on sampled rows (cached on disk, :mod:`report.cache`),
@@ -11,8 +11,9 @@ harness's ``bound`` / ``lse`` checks use), which computes
   from which the derived bound is evaluated
   (``reference.bounds.error_bound``, derived in docs/numerics.md#error-bound),
 
-The kernel runs through ``kernel.harness.run_case`` (defensive checks, declared conventions
-translated, CUDA kernels in an isolated worker; :func:`kernel.known_findings.run_with_known`
+The kernel runs through ``kernel.harness.forward.run_case`` (defensive checks, declared conventions
+translated, CUDA kernels in an isolated worker;
+:func:`kernel.harness.known.run_with_known`
 reruns a case whose NaN padding reached the output with zero padding, so the other checks
 still apply); its output is then compared with ``reference.compare.compare`` for kernel vs
 exact, kernel vs streaming and streaming vs exact. A record whose failed checks are all declared
@@ -30,9 +31,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from attention_crossval.kernel.known_findings import covering, run_with_known
-from attention_crossval.kernel.mapped import release
-from attention_crossval.kernel.references import PAIR_BOUND_SCALE, CaseReferences, output_dtype
+from attention_crossval.kernel.harness.known import covering, run_with_known
+from attention_crossval.kernel.harness.mapped import release
+from attention_crossval.kernel.harness.references import (
+    PAIR_BOUND_SCALE,
+    CaseReferences,
+    output_dtype,
+)
 from attention_crossval.reference.case import AttentionCase
 from attention_crossval.reference.exact import check_prec_bits
 from attention_crossval.reference.masks import visible
@@ -41,7 +46,7 @@ from attention_crossval.report.cache import ExactCache
 from attention_crossval.report.plotdata import histogram, row_profile
 
 if TYPE_CHECKING:
-    from attention_crossval.kernel.isolation import IsolatedKernel
+    from attention_crossval.kernel.harness.isolation import IsolatedKernel
 from attention_crossval.report.records import clean
 
 TIERS = ("exact", "streaming")
@@ -97,7 +102,8 @@ def record_key(config, kernel: str, options: RunOptions) -> str:
 @dataclass
 class Kernel:
     """A kernel under test: its report name, adapter, and the isolated worker that runs it
-    (``kernel.harness.IsolatedKernel``: crashes and hangs become findings), or None to run it
+    (``kernel.harness.forward.IsolatedKernel``: crashes and hangs become findings), or None to run
+    it
     in this process."""
 
     name: str
@@ -143,7 +149,7 @@ def evaluate(
             section = backward_section(case, seed, kernel, options, do)
             record = clean(with_backward(record, section, forward_ran=forward))
         yield record
-    release()  # the case's mapped file, if its inputs were large (kernel.mapped)
+    release()  # the case's mapped file, if its inputs were large (kernel.harness.mapped)
 
 
 # The phases of a forward record's wall time (docs/long-context.md#timing); they add up to

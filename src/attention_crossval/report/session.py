@@ -49,11 +49,12 @@ def resolve_kernels(
 
     ``isolate``: ``auto`` runs every kernel in an isolated worker process (its module and
     factory included: a crash or hang is a finding and a fresh worker continues), except the
-    built-ins of ``kernel.registry.IN_PROCESS``; ``always`` isolates those too; ``never`` runs
+    built-ins of ``kernel.harness.registry.IN_PROCESS``; ``always`` isolates those too; ``never``
+    runs
     every kernel in this process. A kernel whose worker cannot start raises ValueError.
     """
-    from attention_crossval.kernel.harness import IsolatedKernel
-    from attention_crossval.kernel.registry import IN_PROCESS, resolve
+    from attention_crossval.kernel.harness.isolation import IsolatedKernel
+    from attention_crossval.kernel.harness.registry import IN_PROCESS, resolve
 
     if len(set(names)) != len(names):
         raise ValueError(f"kernels={list(names)} must not repeat a kernel")

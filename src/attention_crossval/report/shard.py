@@ -9,7 +9,7 @@
 * ``--gpus all|ID,ID,...`` starts one ``attention-report`` child per GPU with
   ``CUDA_VISIBLE_DEVICES`` pinned and ``--shard K/N``, each writing to ``OUT/shard-K-of-N``,
   then merges them into ``OUT``. The ids only go into ``CUDA_VISIBLE_DEVICES``; ``all`` lists
-  them as ``kernel.gpu_workers.visible_gpus`` does for ``pytest -m gpu -n N``.
+  them as ``kernel.harness.gpu_workers.visible_gpus`` does for ``pytest -m gpu -n N``.
 * ``attention-report merge OUT SHARD...`` merges shard reports: records deduplicated by key,
   a key with two different results refused, records in the unsharded order, schema-checked.
 """
@@ -148,7 +148,7 @@ def shard_provenance(index: int, count: int) -> dict:
 
 def parse_gpus(text: str) -> list[str]:
     """``all`` -> the GPUs this process may use; else the comma-separated ids, in order."""
-    from attention_crossval.kernel.gpu_workers import visible_gpus
+    from attention_crossval.kernel.harness.gpu_workers import visible_gpus
 
     gpus = visible_gpus() if text == "all" else [g.strip() for g in text.split(",") if g.strip()]
     if not gpus:

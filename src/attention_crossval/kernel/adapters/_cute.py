@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from attention_crossval.kernel.phases import phase
-from attention_crossval.kernel.spec import KernelSpec
+from attention_crossval.kernel.contract.spec import KernelSpec
+from attention_crossval.kernel.harness.phases import phase
 from attention_crossval.reference.case import CausalAlignment
 from attention_crossval.reference.precision import LOG2_E
 
@@ -66,7 +66,7 @@ def launch(
     ``make_kernel(dtype, D, causal)`` builds the kernel object on first use of that combination
     in this process.
 
-    For a kernel that takes them (kernel/sm90/fwd.py): ``gqa`` allows Hq a multiple of Hkv;
+    For a kernel that takes them (kernel/own/sm90/fwd.py): ``gqa`` allows Hq a multiple of Hkv;
     ``lengths`` are int32 ``[B]`` CUDA tensors of the valid q and k lengths (padded layout);
     ``window`` is ``(left, right)``, clamped as :func:`kernel.adapters.own_sm90.window_bounds`
     does. Lengths and window go to the kernel as trailing arguments (None when absent).
@@ -114,7 +114,7 @@ def launch(
 
 def compiled(key: tuple, make_kernel: Callable[[str, int, bool], Any]) -> tuple[Any, tuple]:
     """The cache entry of :func:`launch`'s ``key``: the kernel compiled with TVM-FFI on fake
-    tensors (kernel/common/host.py; the same build the CPU tests compile and inspect), as the
+    tensors (kernel/own/common/host.py; the same build the CPU tests compile and inspect), as the
     bare ``tvm_ffi.Function`` (positional only: the DSL's wrapper around it, which fills in
     defaults by keyword, costs a Python frame per call), and a None per parameter but the
     stream, whose tail pads a call that leaves optional parameters out (each compiled in as
@@ -122,7 +122,7 @@ def compiled(key: tuple, make_kernel: Callable[[str, int, bool], Any]) -> tuple[
     import inspect
     import os
 
-    from attention_crossval.kernel.common.host import compile_on_fake_tensors
+    from attention_crossval.kernel.own.common.host import compile_on_fake_tensors
 
     name, torch_dtype, head_dim, causal, varlen, window, _, capped = key
     kernel = make_kernel(str(torch_dtype).removeprefix("torch."), int(head_dim), bool(causal))

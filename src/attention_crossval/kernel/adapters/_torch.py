@@ -135,7 +135,8 @@ def to_host(tensor: Any) -> np.ndarray:
     return tensor.detach().to("cpu", dtype=tensor.dtype).double().numpy()
 
 
-# Harness checks (kernel.harness.ADAPTER_CHECKS) a guarded adapter supports: prefilled outputs give
+# Harness checks (kernel.contract.checks.ADAPTER_CHECKS) a guarded adapter supports: prefilled
+# outputs give
 # ``unwritten``, their guard bands ``output-guard``; NaN input guard bands make reads past a
 # tensor's end show up as ``nonfinite``; padding may be poisoned (``padding-read``).
 GUARDED_CHECKS = frozenset(
@@ -159,12 +160,13 @@ def float32_tensor(values: Any, device: str = "cuda") -> Any:
 
 def call_tensors(case: AttentionCase, device: str = "cuda") -> tuple[Any, Any, Any, dict]:
     """``(q, k, v, options)`` on ``device`` in the layout the case's call options ask for
-    (:mod:`kernel.call_options`): padded ``[B, S, H, X]`` views, or packed ``[total, H, X]``
+    (:mod:`kernel.contract.call_options`): padded ``[B, S, H, X]`` views, or packed ``[total, H,
+    X]``
     views (NaN guard bands along the rows either way), or K/V pages ``[num_pages, page_size,
     H, X]`` (NaN-poisoned unused pages, no guard band). ``options`` holds what the layout adds,
     named as flash_attn.cute names them: ``cu_seqlens_q/k`` and ``max_seqlen_q/k`` (packed),
     ``page_table`` and ``seqused_k`` (paged); empty for a plain case."""
-    from attention_crossval.kernel.call_options import packed_layout, paged_layout
+    from attention_crossval.kernel.contract.call_options import packed_layout, paged_layout
 
     packed, paged = packed_layout(case), paged_layout(case)
     options: dict[str, Any] = {}
@@ -248,11 +250,3 @@ class GuardedOutputsAdapter:
         if case.layout == "packed":
             return unpack_result(case, o_host, lse_host), writes
         return AttentionResult(o=o_host, lse=lse_host), writes
-
-
-def float64_reference(case: AttentionCase, device: str = "cuda") -> AttentionResult:
-    """float64 attention on the GPU for every row (empty rows: O = 0, LSE = -inf), chunked over
-    rows and keys (``reference.rowwise``): cheap enough at GPU sizes, memory bounded."""
-    from attention_crossval.reference.rowwise import rowwise_attention
-
-    return rowwise_attention(case, backend="torch", device=device)

@@ -51,10 +51,10 @@ from attention_crossval.kernel.adapters.flash_attn_cute_backward import (
     compile_cache_entries,
     seqused,
 )
-from attention_crossval.kernel.known_findings import KnownFinding
-from attention_crossval.kernel.phases import compiles
-from attention_crossval.kernel.public_call import TORCH_RESULT, PublicCall
-from attention_crossval.kernel.spec import KernelSpec
+from attention_crossval.kernel.contract.known_findings import KnownFinding
+from attention_crossval.kernel.contract.public_call import TORCH_RESULT, PublicCall
+from attention_crossval.kernel.contract.spec import KernelSpec
+from attention_crossval.kernel.harness.phases import compiles
 from attention_crossval.reference.case import AttentionCase, CausalAlignment
 
 # SM90's K tile per D (interface._tile_size_fwd_sm90): a D with several tiles gets 16, which
@@ -102,7 +102,7 @@ def _spec() -> KernelSpec:
         tile_m=128,
         tile_n=128,  # SM90 tiles: D=128 -> 128x128; D=64 -> 192x128
         # lengths travel as int32 (seqused_q/k, cu_seqlens) and no smaller limit is documented;
-        # checked at 64k prefill and 128k decode by properties/test_long_context.py -m gpu
+        # checked at 64k prefill and 128k decode by tests/reference/test_long_context.py -m gpu
         max_seqlen=(1 << 31) - 1,
         returns_lse=True,
         deterministic=True,
@@ -186,7 +186,8 @@ class FlashAttnCuteAdapter(CuteBackward, _torch.GuardedOutputsAdapter):
     backward, :class:`~kernel.adapters.flash_attn_cute_backward.CuteBackward`)."""
 
     spec: KernelSpec = field(default_factory=_spec)
-    # NaN in K/V that no query sees, too (kernel/hidden_nan.py): one more launch per case with
+    # NaN in K/V that no query sees, too (kernel/harness/hidden_nan.py): one more launch per case
+    # with
     # hidden keys, which the GPU suite affords.
     checks: frozenset[str] = _torch.GUARDED_CHECKS | {"hidden-nan"}
 
@@ -225,7 +226,7 @@ class FlashAttnCuteAdapter(CuteBackward, _torch.GuardedOutputsAdapter):
             )
 
     def repro_call(self, case: AttentionCase) -> PublicCall:
-        """The public call a reproducer script makes (kernel/public_call.py):
+        """The public call a reproducer script makes (kernel/contract/public_call.py):
         ``flash_attn.cute.flash_attn_varlen_func`` on the padded layout, the valid lengths as
         ``seqused_q`` / ``seqused_k``, K/V through a page table for a paged case (pages past a
         sequence's keys hold ``pad``), the sink as float32. ValueError for the packed layout,

@@ -20,9 +20,9 @@ from collections.abc import Callable
 from typing import Any
 
 from attention_crossval.kernel.adapters import _torch
-from attention_crossval.kernel.harness import fill_padding
-from attention_crossval.kernel.phases import compiles
-from attention_crossval.kernel.spec import KernelSpec
+from attention_crossval.kernel.contract.spec import KernelSpec
+from attention_crossval.kernel.harness.forward import fill_padding
+from attention_crossval.kernel.harness.phases import compiles
 from attention_crossval.reference.gradients import BackwardCase, Gradients
 
 # What one backward call may compile: the backward kernel and its pre- and postprocessing.

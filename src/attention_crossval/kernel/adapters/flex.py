@@ -40,9 +40,13 @@ from typing import Any
 import numpy as np
 
 from attention_crossval.kernel.adapters import _torch
-from attention_crossval.kernel.known_findings import KnownFinding
-from attention_crossval.kernel.public_call import TORCH_RESULT, PublicCall, dense_visible_tensor
-from attention_crossval.kernel.spec import MASK_KINDS, KernelSpec
+from attention_crossval.kernel.contract.known_findings import KnownFinding
+from attention_crossval.kernel.contract.public_call import (
+    TORCH_RESULT,
+    PublicCall,
+    dense_visible_tensor,
+)
+from attention_crossval.kernel.contract.spec import MASK_KINDS, KernelSpec
 from attention_crossval.reference.case import AttentionCase, AttentionResult, CausalAlignment
 from attention_crossval.reference.precision import StreamingPrecision
 
@@ -188,7 +192,7 @@ class FlexAttentionAdapter:
         return AttentionResult(o=_torch.to_host(o.transpose(1, 2)), lse=_torch.to_host(aux.lse))
 
     def repro_call(self, case: AttentionCase) -> PublicCall:
-        """The public call a reproducer script makes (kernel/public_call.py): compiled
+        """The public call a reproducer script makes (kernel/contract/public_call.py): compiled
         ``flex_attention`` with a block mask from the visible keys (a lookup ``mask_mod``: the
         same blocks as :func:`_mask_mod`'s), softcap as a ``score_mod``, the LSE through
         ``AuxRequest``."""

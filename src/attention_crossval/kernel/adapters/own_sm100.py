@@ -1,9 +1,10 @@
-"""The project's own SM100 tcgen05 forward kernel (kernel/sm100/fwd.py) on a Blackwell GPU.
+"""The project's own SM100 tcgen05 forward kernel (kernel/own/sm100/fwd.py) on a Blackwell GPU.
 
 NEVER RUN: no Blackwell GPU is available to this project, so this adapter has never executed
-a kernel. The kernel is only compiled for sm_100a on a CPU (properties/test_own_sm100.py); its
+a kernel. The kernel is only compiled for sm_100a on a CPU (tests/kernel/test_own_sm100.py); its
 results are unverified. On any GPU that is not SM100 (compute capability 10.x) every call is
-declined (:class:`kernel.harness.Declined`), so the harness records a skip, never a verdict.
+declined (:class:`kernel.contract.declined.Declined`), so the harness records a skip, never a
+verdict.
 
 Declares what the kernel implements and nothing more: fp16/bf16, D = 64 or 128 (Dv = D),
 Hq == Hkv, bottom-right causal or no mask, LSE natural log in ``[B, Hq, Sq]``, empty rows
@@ -20,10 +21,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from attention_crossval.kernel.adapters import _cute, _torch
-from attention_crossval.kernel.spec import KernelSpec
+from attention_crossval.kernel.contract.declined import Declined
+from attention_crossval.kernel.contract.spec import KernelSpec
 from attention_crossval.reference.case import AttentionCase
 
-TILE_M = TILE_N = 128  # kernel.sm100.fwd's tiles (not imported: that needs cutlass); tested equal
+TILE_M = TILE_N = (
+    128  # kernel.own.sm100.fwd's tiles (not imported: that needs cutlass); tested equal
+)
 
 
 def _spec() -> KernelSpec:
@@ -40,8 +44,6 @@ class OwnSm100Adapter(_torch.GuardedOutputsAdapter):
     def launch(self, case: AttentionCase, q: Any, k: Any, v: Any, out: Any, lse: Any) -> None:
         import torch
 
-        from attention_crossval.kernel.harness import Declined
-
         major, minor = torch.cuda.get_device_capability()
         if major != 10:
             raise Declined(
@@ -54,7 +56,7 @@ class OwnSm100Adapter(_torch.GuardedOutputsAdapter):
 
 
 def _make_kernel(dtype: str, head_dim: int, causal: bool) -> Any:
-    from attention_crossval.kernel.sm100.fwd import FlashAttentionForwardSm100
+    from attention_crossval.kernel.own.sm100.fwd import FlashAttentionForwardSm100
 
     return FlashAttentionForwardSm100(dtype, head_dim, causal)
 

@@ -1,4 +1,4 @@
-"""The project's own SM90 WGMMA forward kernel (kernel/sm90/fwd.py) on a Hopper GPU, as two
+"""The project's own SM90 WGMMA forward kernel (kernel/own/sm90/fwd.py) on a Hopper GPU, as two
 registered adapters over the same kernel.
 
 Both declare everything the kernel implements: fp16/bf16, D = 64 or 128 (Dv = D), GQA/MQA,
@@ -45,16 +45,16 @@ from functools import cache, partial
 from typing import Any
 
 from attention_crossval.kernel.adapters import _cute, _torch
-from attention_crossval.kernel.spec import KernelSpec
+from attention_crossval.kernel.contract.spec import KernelSpec
 from attention_crossval.reference.case import AttentionCase, Mask
 
 NUM_CONSUMER_WG = 2  # 128-row query tiles (three, 192 rows, at D = 64 with m192)
 ROWS_PER_WG = 64  # query rows per consumer warpgroup (the WGMMA M extent)
 TILE_N = 128
-# own-sm90-full adds lengths and window bounds to row indices in int32 (kernel/common/mask.py):
+# own-sm90-full adds lengths and window bounds to row indices in int32 (kernel/own/common/mask.py):
 # every sum stays below 2 Sq + Sk, inside int32 with both lengths at most 2^29.
 FULL_MAX_SEQLEN = 1 << 29
-# The kernel's compile-time knobs the adapters pass through (kernel/sm90/fwd.py), all off in
+# The kernel's compile-time knobs the adapters pass through (kernel/own/sm90/fwd.py), all off in
 # the kernel and in launch() unless named; each combination is compiled and cached apart.
 KNOBS = ("overlap", "pingpong", "longest_first", "smem_epilogue", "persistent", "m192")
 # The registered adapters' default variant: one set of knobs for every configuration, the one
@@ -305,7 +305,7 @@ def consumer_warpgroups(head_dim: int, m192: bool) -> int:
 def make_kernel(
     dtype: str, head_dim: int, causal: bool, *, m192: bool = False, **knobs: bool
 ) -> Any:
-    from attention_crossval.kernel.sm90.fwd import FlashAttentionForwardSm90
+    from attention_crossval.kernel.own.sm90.fwd import FlashAttentionForwardSm90
 
     return FlashAttentionForwardSm90(
         dtype,

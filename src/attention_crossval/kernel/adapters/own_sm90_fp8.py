@@ -1,4 +1,4 @@
-"""The own SM90 kernel's FP8 forward (kernel/sm90/fwd.py with e4m3 or e5m2 inputs) on a Hopper
+"""The own SM90 kernel's FP8 forward (kernel/own/sm90/fwd.py with e4m3 or e5m2 inputs) on a Hopper
 GPU: the adapter ``own-sm90-fp8`` and its launch.
 
 Declared: ``float8_e4m3fn`` / ``float8_e5m2`` inputs with q/k/v descales (float32 per batch and
@@ -31,7 +31,7 @@ from typing import Any
 
 from attention_crossval.kernel.adapters import _torch
 from attention_crossval.kernel.adapters.own_sm90 import ROWS_PER_WG, TILE_N, consumer_warpgroups
-from attention_crossval.kernel.spec import KernelSpec
+from attention_crossval.kernel.contract.spec import KernelSpec
 from attention_crossval.reference.case import AttentionCase
 from attention_crossval.reference.precision import StreamingPrecision
 
@@ -44,7 +44,7 @@ FIXED_CONSTANTS: dict[str, tuple[float, float]] = {
 }
 # flash-attn-4's SM100 FP8 constants before its fix: 8 + 4 = 12 > 8.8 with e4m3.
 FA4_CONSTANTS: dict[str, tuple[float, float]] = dict.fromkeys(FP8_DTYPES, (8.0, 4.0))
-# The FP8 kernel's knobs (kernel/sm90/fwd.py), as own_sm90.DEFAULT_KNOBS without smem_epilogue
+# The FP8 kernel's knobs (kernel/own/sm90/fwd.py), as own_sm90.DEFAULT_KNOBS without smem_epilogue
 # (bf16 O does not fit the FP8 Q buffer); m192 as there: 192-row tiles at D = 64.
 KNOBS = ("overlap", "pingpong", "longest_first", "m192")
 # (dtype, D, causal, constants, knobs) -> compiled kernel, for this process
@@ -110,7 +110,7 @@ def keys_contiguous_v(v: Any) -> Any:
     ``fp8_key_order(Sk')[j]`` (zeros for keys past ``Sk``). Only ``v``'s valid rows are read."""
     import torch
 
-    from attention_crossval.kernel.sm90.fp8_layout import fp8_key_order, padded_keys
+    from attention_crossval.kernel.own.sm90.fp8_layout import fp8_key_order, padded_keys
 
     B, Sk, Hkv, D = v.shape
     keys = padded_keys(Sk)
@@ -148,7 +148,7 @@ def launch(
     import torch
     from cutlass.cute.runtime import from_dlpack
 
-    from attention_crossval.kernel.common.softmax import LOG2_E
+    from attention_crossval.kernel.own.common.softmax import LOG2_E
 
     unknown = sorted(set(knobs) - set(KNOBS))
     if unknown:
@@ -186,7 +186,7 @@ def launch(
         *(dynamic(d.contiguous(), 1, 4) for d in descales),
     ]  # fmt: skip
     if key not in _COMPILED:
-        from attention_crossval.kernel.sm90.fwd import FlashAttentionForwardSm90
+        from attention_crossval.kernel.own.sm90.fwd import FlashAttentionForwardSm90
 
         kernel = FlashAttentionForwardSm90(
             dtype, D, causal, num_consumer_wg=consumer_warpgroups(D, knobs.get("m192", False)),

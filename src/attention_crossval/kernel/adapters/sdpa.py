@@ -11,7 +11,8 @@ Conventions, declared rather than failed on:
 * Measured on torch 2.11 / H200 (docs/results-h200.md): the flash backend refuses ``is_causal`` when
   Sq != Sk and takes no mask, so it declares no mask kinds; the efficient backend has no GQA;
   cuDNN refuses Sk == 1. A backend's "No available kernel" is raised as
-  :class:`kernel.harness.Declined` (the case is skipped with torch's reasons, and counted).
+  :class:`kernel.contract.declined.Declined` (the case is skipped with torch's reasons, and
+  counted).
 * Known findings (``KernelSpec.known_findings``), kept in scope rather than declared away.
   Measured on torch 2.11 / H200, bf16 and fp16: math, efficient and cuDNN let NaN
   in masked-out K/V reach every row of the batch (a mask adds -inf to a NaN score, which stays
@@ -51,10 +52,14 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from attention_crossval.kernel.adapters import _torch
-from attention_crossval.kernel.harness import Declined
-from attention_crossval.kernel.known_findings import KnownFinding
-from attention_crossval.kernel.public_call import TORCH_RESULT, PublicCall, dense_visible_tensor
-from attention_crossval.kernel.spec import KernelSpec
+from attention_crossval.kernel.contract.declined import Declined
+from attention_crossval.kernel.contract.known_findings import KnownFinding
+from attention_crossval.kernel.contract.public_call import (
+    TORCH_RESULT,
+    PublicCall,
+    dense_visible_tensor,
+)
+from attention_crossval.kernel.contract.spec import KernelSpec
 from attention_crossval.reference.case import AttentionCase, AttentionResult, CausalAlignment
 from attention_crossval.reference.gradients import BackwardCase, Gradients
 from attention_crossval.reference.precision import BackwardPrecision, StreamingPrecision
@@ -247,8 +252,8 @@ class SdpaAdapter:
         return AttentionResult(o=_torch.to_host(o.transpose(1, 2)), lse=None)
 
     def repro_call(self, case: AttentionCase) -> PublicCall:
-        """The public call a reproducer script makes (kernel/public_call.py): SDPA with this
-        backend forced, the mask as :meth:`_attend` passes it."""
+        """The public call a reproducer script makes (kernel/contract/public_call.py): SDPA with
+        this backend forced, the mask as :meth:`_attend` passes it."""
         options = "scale=SCALE" + (", enable_gqa=True" if case.group_size > 1 else "")
         mask = []
         if self._is_causal(case):

@@ -8,11 +8,12 @@ arrays it allocates itself, so only the padding, hidden-NaN, determinism and fin
 apply.
 
 It declares every call option, so they run on CPU in ``pytest -m cpu``: a case with options
-goes sequence by sequence through :func:`kernel.call_options.per_sequence`, q from the packed
+goes sequence by sequence through :func:`kernel.contract.call_options.per_sequence`, q from the
+packed
 rows, K/V through the shuffled, NaN-poisoned page table or the packed rows, each sequence split
 over ``num_splits`` partial results and combined (:func:`reference.splitkv.splitkv_attention`).
 Like a kernel API it refuses lengths that disagree with its tensors
-(:func:`kernel.length_checks.check_lengths`, ``spec.validates_lengths``).
+(:func:`kernel.contract.length_checks.check_lengths`, ``spec.validates_lengths``).
 """
 
 from __future__ import annotations
@@ -22,9 +23,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from attention_crossval.kernel.call_options import packed_layout, paged_layout, per_sequence
-from attention_crossval.kernel.length_checks import check_lengths
-from attention_crossval.kernel.spec import KernelSpec
+from attention_crossval.kernel.contract.call_options import (
+    packed_layout,
+    paged_layout,
+    per_sequence,
+)
+from attention_crossval.kernel.contract.length_checks import check_lengths
+from attention_crossval.kernel.contract.spec import KernelSpec
 from attention_crossval.reference.case import AttentionCase, AttentionResult, CausalAlignment
 from attention_crossval.reference.gradients import BackwardCase, Gradients
 from attention_crossval.reference.paged import PagedKV

@@ -6,7 +6,7 @@ coverage count or a sweep's claim is a property of the case the kernel got:
 
 * ``softcap``, ``sink``: one of the named surfaces (``properties._strategies.surface``);
 * ``hidden``: keys a mask hides from every query (the harness's opt-in ``hidden-nan`` check puts
-  NaN there, ``kernel.hidden_nan``);
+  NaN there, ``kernel.harness.hidden_nan``);
 * ``paged``, ``splits``, ``packed``: the call options ``page_size``, ``num_splits > 1`` and
   ``layout="packed"``;
 * ``varlen_batch``: 3 or more sequences, one with no keys (sometimes one query per sequence), D
@@ -23,8 +23,8 @@ import numpy as np
 from hypothesis import assume, event
 from hypothesis import strategies as st
 
-from attention_crossval.kernel.known_findings import surface_features
-from attention_crossval.kernel.spec import KernelSpec
+from attention_crossval.kernel.contract.known_findings import surface_features
+from attention_crossval.kernel.contract.spec import KernelSpec
 from attention_crossval.properties._strategies.hidden import hidden_key_cases, masked_hidden_keys
 from attention_crossval.properties._strategies.paged import with_pages
 from attention_crossval.properties._strategies.splits import draw_num_splits, with_splits

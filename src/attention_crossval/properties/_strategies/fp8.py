@@ -16,7 +16,7 @@ means attention of ``fp8 value * descale``. Descales are per (batch, kv head), f
 logits with std about 1 on top of a ramp whose row max rises by 1 to just under 4 log2 units
 per K block over many blocks: a lazy rescale with threshold 4 keeps skipping, so P scaled by
 ``2^max_offset`` climbs towards ``2^(max_offset + 4)``, which FA4's constants (8 and 4, e4m3)
-clamp at 448. ``properties/test_fp8.py`` proves it with the streaming trace's counts of skipped
+clamp at 448. ``tests/reference/test_fp8.py`` proves it with the streaming trace's counts of skipped
 rescales and clamped P.
 """
 

@@ -1,7 +1,7 @@
 """Cases with keys that no query can see, hidden by the mask rather than only by padding.
 
 The bug class: a kernel loads a K/V tile that the causal, window or explicit mask hides from
-every query, weights it by 0 and computes ``0 * NaN = NaN`` (``kernel.hidden_nan``). Only
+every query, weights it by 0 and computes ``0 * NaN = NaN`` (``kernel.harness.hidden_nan``). Only
 padding was ever poisoned before, so a case must hide keys *through its mask*. A drawn case
 that already does is kept (``hidden=mask``); otherwise, where the spec allows explicit masks,
 an explicit mask hides a few drawn key columns (``hidden=explicit``); else it is rejected.
@@ -15,8 +15,8 @@ import numpy as np
 from hypothesis import assume, event
 from hypothesis import strategies as st
 
-from attention_crossval.kernel.hidden_nan import masked_hidden_keys, poison_hidden
-from attention_crossval.kernel.spec import KernelSpec
+from attention_crossval.kernel.contract.spec import KernelSpec
+from attention_crossval.kernel.harness.hidden_nan import masked_hidden_keys, poison_hidden
 from attention_crossval.reference.case import AttentionCase
 
 
@@ -47,7 +47,7 @@ def hidden_key_cases(
     base: st.SearchStrategy[AttentionCase], *, spec: KernelSpec, poison: bool = True
 ) -> st.SearchStrategy[AttentionCase]:
     """Cases of ``base`` in which the mask hides at least one key from every query, with NaN in
-    K and V at every hidden key when ``poison`` (the inputs ``kernel.hidden_nan`` gives a
+    K and V at every hidden key when ``poison`` (the inputs ``kernel.harness.hidden_nan`` gives a
     kernel). ``spec`` says whether explicit masks may be added to hide keys."""
     if not isinstance(spec, KernelSpec):
         raise ValueError(f"spec={spec!r} must be a KernelSpec")

@@ -12,7 +12,7 @@ from collections.abc import Collection
 import numpy as np
 from hypothesis import strategies as st
 
-from attention_crossval.kernel.spec import MASK_KINDS
+from attention_crossval.kernel.contract.spec import MASK_KINDS
 from attention_crossval.properties._strategies.shapes import Shape, tile_aware_lengths
 from attention_crossval.reference.case import AttentionCase, CausalAlignment, Mask
 from attention_crossval.reference.masks import empty_rows

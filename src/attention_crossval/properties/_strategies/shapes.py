@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from hypothesis import strategies as st
 
-from attention_crossval.kernel.spec import KernelSpec
+from attention_crossval.kernel.contract.spec import KernelSpec
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import numpy as np
 from hypothesis import event
 from hypothesis import strategies as st
 
-from attention_crossval.kernel.spec import KernelSpec
+from attention_crossval.kernel.contract.spec import KernelSpec
 from attention_crossval.properties._strategies.scores import Evidence, scaled_scores
 from attention_crossval.reference.case import AttentionCase
 

@@ -17,7 +17,7 @@ import numpy as np
 from hypothesis import event
 from hypothesis import strategies as st
 
-from attention_crossval.kernel.spec import KernelSpec
+from attention_crossval.kernel.contract.spec import KernelSpec
 from attention_crossval.properties._strategies.fp8 import drawn_inputs
 from attention_crossval.properties._strategies.scores import DISTRIBUTIONS, BuildContext
 from attention_crossval.properties._strategies.shapes import (

@@ -1,0 +1,1 @@
+"""The harness that runs a kernel under the contract: checks, isolation, references, verdicts."""
