@@ -35,7 +35,7 @@ from hypothesis import strategies as st
 
 from attention_crossval.kernel.adapters.own_sm90 import DEFAULT_KNOBS, window_bounds
 from attention_crossval.kernel.harness.forward import run_case
-from attention_crossval.kernel.harness.registry import BUILTIN, NEVER_RUN, resolve
+from attention_crossval.kernel.harness.registry import BUILTIN, UNPROVEN, resolve
 from attention_crossval.properties.kernel_suite import free_property
 from attention_crossval.properties.kernels_under_test import worker
 from attention_crossval.reference.case import AttentionCase, Mask
@@ -828,7 +828,7 @@ def test_kernel_block_walk_sees_exactly_the_visible_keys(
 def test_own_sm90_declarations() -> None:
     """``own-sm90`` and ``own-sm90-full`` declare the same surface, GQA, varlen (padded rows
     unwritten) and windows included; both are among the default kernels since their suites
-    passed on the H200 (none in ``NEVER_RUN``)."""
+    passed on the H200 (none in ``UNPROVEN``)."""
     from attention_crossval.kernel.adapters import _cute
     from attention_crossval.kernel.adapters.own_sm90 import FULL_MAX_SEQLEN
 
@@ -840,7 +840,7 @@ def test_own_sm90_declarations() -> None:
     assert dataclasses.replace(spec, **{name: getattr(base, name) for name in surface}) == base
     assert full == dataclasses.replace(spec, name="own-sm90-full")
     assert BUILTIN["own-sm90-full"][1] == BUILTIN["own-sm90"][1]
-    assert "own-sm90" not in NEVER_RUN and "own-sm90-full" not in NEVER_RUN
+    assert "own-sm90" not in UNPROVEN and "own-sm90-full" not in UNPROVEN
 
 
 @pytest.mark.cpu

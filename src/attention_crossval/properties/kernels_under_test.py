@@ -22,7 +22,7 @@ from attention_crossval.kernel.harness.registry import (
     BROKEN_FIXTURES,
     GPU_BUILTIN,
     IN_PROCESS,
-    NEVER_RUN,
+    UNPROVEN,
     default_kernels,
     resolve,
 )
@@ -92,7 +92,7 @@ def chosen_kernels(config: pytest.Config, *, backward: bool = False) -> list[str
     listed = [
         n
         for n in GPU_BUILTIN
-        if (backward or n not in BACKWARD_VARIANTS) and n not in NEVER_RUN | BROKEN_FIXTURES
+        if (backward or n not in BACKWARD_VARIANTS) and n not in UNPROVEN | BROKEN_FIXTURES
     ]
     gpus = default_kernels(has_gpu=True, backward=backward) or listed
     return gpus if cuda_available()[0] else [*gpus, *default_kernels(has_gpu=False)]
