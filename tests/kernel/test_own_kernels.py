@@ -847,7 +847,7 @@ def test_own_sm90_declarations() -> None:
 def test_own_kernels_are_available_only_with_cutlass_and_tvm_ffi() -> None:
     """The own kernels compile with CuTe DSL and launch through TVM-FFI: the registry offers
     them only where both import (with one missing they would fail every case, not skip)."""
-    from attention_crossval.kernel import registry
+    from attention_crossval.kernel.harness import registry
 
     for name in ("own-sm90", "own-sm90-full", "own-sm100"):
         assert registry.BUILTIN[name][1] == ("cutlass", "tvm_ffi"), name
@@ -982,8 +982,10 @@ def test_own_sm90_launch_calls_tvm_ffi_with_the_tensors_as_given(
             call()
     assert len(compiles) == 1, compiles
     function, padding = _cute._COMPILED[compiles[0]]
-    assert len(padding) == 11  # q, k, v, o, lse, scale_log2 and five optional: not the stream
-    with pytest.raises(TypeError, match="11 parameters"):
+    # q, k, v, o, lse, scale_log2, five optional and the FP8 kernel's three descales (None
+    # here): not the stream
+    assert len(padding) == 14
+    with pytest.raises(TypeError, match="14 parameters"):
         function(q, k, v, out, lse, 0.125)
 
 

@@ -163,10 +163,14 @@ def test_a_suite_failure_is_compact_and_its_command_replays_it(
         f"src/attention_crossval/properties/{suite}", "--kernel", kernel, report_dir=tmp_path
     )
     assert done.returncode == 1, done.stdout[-3000:]
-    failure = done.stdout.split(" FAILURES ")[1].split(" attention case coverage ")[0]
-    assert "array(" not in failure and len(failure.splitlines()) < 60, failure
-    assert len(list(tmp_path.glob("*.npz"))) <= replay.CASES_PER_TEST
-    command = re.search(r"reproduce: (python -m \S+ \S+)", failure).group(1)
+    section = done.stdout.split(" FAILURES ")[1].split(" attention case coverage ")[0]
+    # one block per failed test (the backward suite runs a test per strategy)
+    failures = re.split(r"\n_+ test_\S+ _+\n", "\n" + section)[1:]
+    assert failures, section
+    for failure in failures:
+        assert "array(" not in failure and len(failure.splitlines()) < 60, failure
+    assert len(list(tmp_path.glob("*.npz"))) <= replay.CASES_PER_TEST * len(failures)
+    command = re.search(r"reproduce: (python -m \S+ \S+)", failures[0]).group(1)
     argv = shlex.split(command)
     again = subprocess.run(
         [sys.executable, *argv[1:]],

@@ -39,7 +39,6 @@ import numpy as np
 
 BUG = {bug}  # True: the causal mask is ignored
 
-
 def attention(q, k, v, scale, causal):
     q, k, v = (np.asarray(x, np.float32) for x in (q, k, v))
     s = np.einsum("bqhd,bkhd->bhqk", q, k) * np.float32(scale)
@@ -92,6 +91,14 @@ plain, spelled = Plain(), Spelled()
 '''
 
 
+def _importable_from(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A user's kernel module in ``folder`` importable here and in the workers (which inherit
+    PYTHONPATH, set or not in the caller's environment)."""
+    monkeypatch.syspath_prepend(str(folder))
+    paths = [str(folder), os.environ.get("PYTHONPATH", "")]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(path for path in paths if path))
+
+
 @pytest.fixture(scope="session")
 def numpy_only_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fresh venv with numpy and nothing else (made once per session: about 20 s)."""
@@ -141,8 +148,7 @@ def test_the_script_fails_alone_with_numpy_until_the_kernel_is_fixed(
     user = tmp_path / "user"
     user.mkdir()
     _user_kernel(user, bug=True)
-    monkeypatch.syspath_prepend(str(user))  # the worker inherits PYTHONPATH
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(user), os.environ.get("PYTHONPATH", "")]))
+    _importable_from(user, monkeypatch)
     path = save_case(_causal_case(), tmp_path / "cases", kernel=f"tiny_kernel:{attr}")
     out = tmp_path / "repro"
     assert report_main(["repro", str(path), "--out", str(out)]) == 0
@@ -170,8 +176,7 @@ def test_the_script_exits_2_when_the_kernel_cannot_be_imported(
     user = tmp_path / "user"
     user.mkdir()
     _user_kernel(user, bug=True)
-    monkeypatch.syspath_prepend(str(user))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(user), os.environ.get("PYTHONPATH", "")]))
+    _importable_from(user, monkeypatch)
     adapter = resolve("tiny_kernel:spelled")
     out = write_repro(adapter, _causal_case(), tmp_path / "repro", kernel="tiny_kernel:spelled")
     done = _run(numpy_only_python, out / "repro.py", str(tmp_path / "nowhere"))
@@ -430,8 +435,7 @@ def test_the_fallback_reproduces_hidden_nan_and_nonfinite(
     attr: str, check: str, scale: float, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     (tmp_path / "dense_kernel.py").write_text(DENSE_KERNEL)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ["PYTHONPATH"]]))
+    _importable_from(tmp_path, monkeypatch)
     rng = np.random.default_rng(2)
     q, k, v = (cast_input(rng.standard_normal((1, 16, 1, 16)) * scale, "float16") for _ in "qkv")
     explicit = np.ones((1, 1, 16, 17), dtype=bool)

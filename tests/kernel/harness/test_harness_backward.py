@@ -144,7 +144,7 @@ def test_torch_float64_gradients_match_the_streaming_float64_tier(
     """The chunked dense torch reference (used on the GPU) agrees with the float64 streaming
     backward on a padded, GQA, causal case, chunks smaller than Sq included."""
     pytest.importorskip("torch", reason="torch is not installed (CI has none)")
-    from attention_crossval.kernel.harness.forward import references_backward
+    from attention_crossval.kernel.harness import references_backward
 
     case = fill_backward_padding(_case(), np.nan)
     expected = float64_gradients(case)
