@@ -46,6 +46,8 @@ INPUT_DTYPES: dict[str, np.dtype] = {
 FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
 # The 16/32-bit inputs, which are also the output dtypes a case may ask for.
 WIDE_DTYPES = ("float16", "bfloat16", "float32")
+# The input dtypes NumPy has only through ml_dtypes: saved, and handed to torch, as their bits.
+BIT_VIEWED = ("bfloat16", *FP8_DTYPES)
 DESCALES = ("q_descale", "k_descale", "v_descale")
 
 
@@ -133,6 +135,13 @@ def native_byte_order(array: np.ndarray) -> np.ndarray:
     native = array.astype(array.dtype.newbyteorder("="))
     native.setflags(write=False)
     return native
+
+
+def as_bits(array: np.ndarray) -> np.ndarray:
+    """``array`` viewed as the unsigned integers of its width (no copy): how a
+    :data:`BIT_VIEWED` array is stored in an ``.npz`` or passed to ``torch.from_numpy``, which
+    know none of those dtypes, bit for bit."""
+    return array.view(f"u{array.dtype.itemsize}")
 
 
 def nonfinite_rows(array: np.ndarray) -> np.ndarray:
@@ -609,12 +618,9 @@ class AttentionCase:
         replayed."""
         path = Path(path)
         mask = self.mask
-        bits = self.dtype == "bfloat16" or self.dtype in FP8_DTYPES
+        bits = self.dtype in BIT_VIEWED
         arrays = {
-            name: getattr(self, name).view(f"u{self.q.dtype.itemsize}")
-            if bits
-            else getattr(self, name)
-            for name in "qkv"
+            name: as_bits(getattr(self, name)) if bits else getattr(self, name) for name in "qkv"
         }
         extras = {} if mask.explicit is None else {"explicit": mask.explicit}
         if self.softcap is not None:

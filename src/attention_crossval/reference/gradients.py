@@ -25,7 +25,12 @@ from pathlib import Path
 
 import numpy as np
 
-from attention_crossval.reference.case import AttentionCase, SavedFields, native_byte_order
+from attention_crossval.reference.case import (
+    AttentionCase,
+    SavedFields,
+    as_bits,
+    native_byte_order,
+)
 
 
 @dataclass(frozen=True, eq=False)
@@ -71,7 +76,7 @@ class BackwardCase:
         forward = self.forward.save(path)
         with np.load(forward) as data:
             arrays = dict(data)
-        arrays["do"] = self.do.view(np.uint8 if self.do.itemsize == 1 else f"u{self.do.itemsize}")
+        arrays["do"] = as_bits(self.do)
         arrays["do_dtype"] = np.array(self.do.dtype.name)
         if self.dlse is not None:
             arrays["dlse"] = self.dlse

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from attention_crossval.reference.case import AttentionCase, AttentionResult
+from attention_crossval.reference.case import BIT_VIEWED, AttentionCase, AttentionResult, as_bits
 from attention_crossval.reference.masks import key_ranges, visible
 
 BACKENDS = ("numpy", "torch")
@@ -72,11 +72,9 @@ class _Torch:
         # The input's bits go to the device and are widened there: torch has no NumPy bfloat16,
         # and a host float32 copy of a long K costs seconds. A writable copy of the (read-only)
         # case array, as torch.from_numpy wants; only one K or V head at a time.
-        bits = {"bfloat16": np.uint16, "float8_e4m3fn": np.uint8, "float8_e5m2": np.uint8}
-        held = bits.get(x.dtype.name)
-        tensor = self.torch.from_numpy(np.array(x if held is None else x.view(held)))
-        tensor = tensor.to(self.device)
-        if held is not None:  # torch has these dtypes, NumPy only through ml_dtypes
+        bits = x.dtype.name in BIT_VIEWED  # torch has these dtypes, NumPy only via ml_dtypes
+        tensor = self.torch.from_numpy(np.array(as_bits(x) if bits else x)).to(self.device)
+        if bits:
             tensor = tensor.view(getattr(self.torch, x.dtype.name))
         return self.torch.nan_to_num(tensor.to(self.dtype), nan=0.0, posinf=0.0, neginf=0.0)
 

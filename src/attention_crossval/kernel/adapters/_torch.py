@@ -18,7 +18,14 @@ from typing import Any
 
 import numpy as np
 
-from attention_crossval.reference.case import AttentionCase, AttentionResult
+from attention_crossval.reference.case import (
+    BIT_VIEWED,
+    FP8_DTYPES,
+    INPUT_DTYPES,
+    AttentionCase,
+    AttentionResult,
+    as_bits,
+)
 
 GUARD = 128  # rows of guard band on each side of every sequence (>= any tile_m)
 # Guard fill bit patterns: quiet NaNs with a payload no arithmetic is likely to produce.
@@ -26,18 +33,14 @@ _GUARD_BITS = {"float16": 0x7E5A, "bfloat16": 0x7FDA, "float32": 0x7FC0A5A5}
 _INT_VIEW = {"float16": "int16", "bfloat16": "int16", "float32": "int32"}
 
 
-# Input dtypes NumPy holds as ml_dtypes types that torch.from_numpy refuses: moved as their
-# bits (an unsigned int of the same width), then viewed as the torch dtype of the same name.
-_BIT_VIEWS = {"bfloat16": np.uint16, "float8_e4m3fn": np.uint8, "float8_e5m2": np.uint8}
 # FP8 buffers are filled with a NaN byte (0x7F: a NaN in both formats).
 _FP8_NAN = 0x7F
-_FP8 = ("float8_e4m3fn", "float8_e5m2")
 
 
 def torch_dtype(name: str) -> Any:
     import torch
 
-    if name not in (*_BIT_VIEWS, "float16", "float32"):
+    if name not in INPUT_DTYPES:
         raise ValueError(f"dtype={name!r} has no torch dtype here")
     return getattr(torch, name)
 
@@ -51,15 +54,16 @@ def to_device(array: np.ndarray, device: str = "cuda", *, guard: int = GUARD) ->
     import torch
 
     name = array.dtype.name
-    host = np.ascontiguousarray(array.view(_BIT_VIEWS[name]) if name in _BIT_VIEWS else array)
+    # torch.from_numpy refuses ml_dtypes arrays: their bits cross, viewed as torch's dtype
+    host = np.ascontiguousarray(as_bits(array) if name in BIT_VIEWED else array)
     with warnings.catch_warnings():  # a read-only case array: copy_ below only reads it
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         source = torch.from_numpy(host)  # no host copy: a 4 GiB K is copied once, to the device
-    if name in _BIT_VIEWS:
+    if name in BIT_VIEWED:
         source = source.view(torch_dtype(name))
     B, S, H, X = array.shape
     shape = (B, S + 2 * guard, H, X)
-    if name in _FP8:  # NaN through the bits: no fill kernel for FP8 needed
+    if name in FP8_DTYPES:  # NaN through the bits: no fill kernel for FP8 needed
         buf = torch.full(shape, _FP8_NAN, dtype=torch.uint8, device=device).view(source.dtype)
     else:
         buf = torch.full(shape, float("nan"), dtype=source.dtype, device=device)
