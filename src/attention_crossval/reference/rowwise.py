@@ -146,15 +146,17 @@ def _chunks(
         else:
             lo, hi = key_ranges(case, b, positions)
         for kv_head in range(case.Hkv):
-            # [Sk, D], padding zeroed; FP8 values times their descale: exact in float64
-            k = xp.array(case.k[b, :, kv_head]) * case.descale("k", b, kv_head)
-            v = xp.array(case.v[b, :, kv_head]) * case.descale("v", b, kv_head)
-            q_descale = case.descale("q", b, kv_head)
+            k = xp.array(case.k[b, :, kv_head])  # [Sk, D], padding zeroed
+            v = xp.array(case.v[b, :, kv_head])
+            # FP8 descales (1.0 without): q's and k's scale the scores, v's the output, so no
+            # array is rescaled (a long case's K and V are the largest arrays here)
+            score_scale = scale * case.descale("q", b, kv_head) * case.descale("k", b, kv_head)
+            v_descale = case.descale("v", b, kv_head)
             for h in (h for h in range(case.Hq) if case.kv_head(h) == kv_head):
                 start_m = -np.inf if case.sink is None else float(case.sink[h])
                 for r0 in range(0, len(positions), row_chunk):
                     rows = slice(r0, min(r0 + row_chunk, len(positions)))
-                    q = xp.array(case.q[b, positions[rows], h]) * q_descale
+                    q = xp.array(case.q[b, positions[rows], h])
                     r_lo, r_hi = lo[rows], hi[rows]
                     m = xp.full((q.shape[0],), start_m)
                     l = xp.full((q.shape[0],), 0.0 if case.sink is None else 1.0)
@@ -165,7 +167,10 @@ def _chunks(
                     for c0 in range(first - first % key_chunk, last, key_chunk):
                         cols = slice(c0, min(c0 + key_chunk, last))
                         s = q @ k[cols].T
-                        s = s * scale if cap is None else cap * xp.tanh(s * (scale / cap))
+                        if cap is None:
+                            s = s * score_scale
+                        else:
+                            s = cap * xp.tanh(s * (score_scale / cap))
                         if explicit:
                             seen = xp.index(visible(case, b, h, positions[rows], cols))
                         else:
@@ -180,7 +185,8 @@ def _chunks(
                         o = o * alpha[:, None] + p @ v[cols]
                         m = m_new
                     nonempty = l > 0
-                    o = xp.where(nonempty[:, None], o / xp.where(nonempty, l, 1.0)[:, None], 0.0)
+                    o = o / xp.where(nonempty, l, 1.0)[:, None] * v_descale
+                    o = xp.where(nonempty[:, None], o, 0.0)
                     lse = xp.where(nonempty, m + xp.log(xp.where(nonempty, l, 1.0)), -np.inf)
                     yield _Chunk(b, h, rows, o, lse)
 
