@@ -7,7 +7,7 @@ declaration, under a fixed run seed."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, seed, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from attention_crossval.kernel.harness.registry import resolve
@@ -21,7 +21,7 @@ from attention_crossval.properties.kernel_suite import (
     stream_name,
     sweep_strategy,
 )
-from attention_crossval.properties.strategies import attention_cases, case_features
+from attention_crossval.properties.strategies import attention_cases, case_features, drawn_examples
 from attention_crossval.pytest_plugin import derived_seed
 from attention_crossval.reference.case import AttentionCase
 
@@ -36,22 +36,8 @@ _SLOW = [HealthCheck.too_slow]  # a long decode of 4096 keys
 def drawn(strategy: st.SearchStrategy[AttentionCase], stream: str, count: int) -> list[str]:
     """The descriptions of the first ``count`` cases ``strategy`` draws under the seed of
     ``stream`` (generation only, as the kernel tests run: no example database)."""
-    cases: list[str] = []
-
-    @seed(derived_seed(RUN_SEED, stream_name(KERNEL, stream)))
-    @settings(
-        max_examples=count,
-        database=None,
-        phases=[Phase.generate],
-        deadline=None,
-        suppress_health_check=list(HealthCheck),
-    )
-    @given(strategy)
-    def collect(case: AttentionCase) -> None:
-        cases.append(f"{case.label} | {case.describe()}")
-
-    collect()
-    return cases[:count]
+    seed = derived_seed(RUN_SEED, stream_name(KERNEL, stream))
+    return [f"{c.label} | {c.describe()}" for c in drawn_examples(strategy, count, seed=seed)]
 
 
 def test_other_runs_of_the_free_property_draw_other_cases() -> None:

@@ -5,35 +5,18 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, Phase, find, given, settings
-from hypothesis import strategies as st
+from hypothesis import find, settings
 
 from attention_crossval.kernel.harness.backward import run_backward_case
 from attention_crossval.kernel.harness.registry import resolve
 from attention_crossval.properties.kernel_suite import backward_strategies
-from attention_crossval.properties.strategies import SWAMPED_DQ, long_key_backward_cases
+from attention_crossval.properties.strategies import (
+    SWAMPED_DQ,
+    drawn_examples,
+    long_key_backward_cases,
+)
 from attention_crossval.reference.case import AttentionCase
 from attention_crossval.testing.broken.cpu_backward_faults import BrokenBackwardAdapter
-
-
-def _drawn(strategy: st.SearchStrategy, count: int) -> list:
-    """``count`` derandomized draws of ``strategy`` (generation only, as the suite draws)."""
-    drawn = []
-
-    @settings(
-        max_examples=count,
-        derandomize=True,
-        database=None,
-        deadline=None,
-        phases=[Phase.generate],
-        suppress_health_check=list(HealthCheck),
-    )
-    @given(strategy)
-    def collect(value) -> None:
-        drawn.append(value)
-
-    collect()
-    return drawn
 
 
 @pytest.mark.cpu
@@ -45,7 +28,7 @@ def test_long_keys_draw_many_key_blocks_mostly_swamped(which: str) -> None:
     is drawn. Counted over 40 derandomized draws."""
     spec = resolve("streaming-fa").spec if which == "streaming-fa" else BrokenBackwardAdapter().spec
     strategy = backward_strategies(spec)["long_keys"]
-    cases = _drawn(strategy, 40)
+    cases = drawn_examples(strategy, 40)
     assert len(cases) == 40
     for case in cases:
         fwd = case.forward

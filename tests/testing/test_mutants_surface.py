@@ -10,7 +10,7 @@ import inspect
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, Phase, find, given, settings
+from hypothesis import Phase, find, settings
 from hypothesis import strategies as st
 
 from attention_crossval.kernel.adapters import streaming as streaming_adapter
@@ -25,7 +25,7 @@ from attention_crossval.properties._strategies.paged import (
 )
 from attention_crossval.properties._strategies.splits import draw_num_splits, split_choices
 from attention_crossval.properties.kernel_suite import max_len_for
-from attention_crossval.properties.strategies import attention_cases
+from attention_crossval.properties.strategies import attention_cases, drawn_examples
 from attention_crossval.reference import paged as reference_paged
 from attention_crossval.reference import splitkv as reference_splitkv
 from attention_crossval.reference import streaming as reference_streaming
@@ -175,21 +175,11 @@ def test_the_free_strategy_fills_page_tables_whose_last_page_is_seen() -> None:
     kernel suite draws them), at least half fill every table row to its last slot with a last
     page some query sees: where a lookup of the last page one entry late changes the output."""
     spec = StreamingAdapter().spec
-    found = []
-
-    @settings(
-        max_examples=100,
-        derandomize=True,
-        database=None,
-        deadline=None,
-        phases=[Phase.generate],
-        suppress_health_check=list(HealthCheck),
-    )
-    @given(attention_cases(spec=spec, max_len=max_len_for(spec), required_features=["paged"]))
-    def draw(case: AttentionCase) -> None:
-        found.append(case.page_size in seen_last_pages(case, filling_page_sizes(case)))
-
-    draw()
+    strategy = attention_cases(spec=spec, max_len=max_len_for(spec), required_features=["paged"])
+    found = [
+        case.page_size in seen_last_pages(case, filling_page_sizes(case))
+        for case in drawn_examples(strategy, 100)
+    ]
     assert len(found) == 100 and sum(found) >= 50, sum(found)
 
 

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Collection
+from typing import TypeVar
 
 import numpy as np
-from hypothesis import event
+from hypothesis import HealthCheck, Phase, event, given, settings
+from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
 from attention_crossval.kernel.contract.spec import MASK_KINDS, KernelSpec
@@ -78,6 +80,8 @@ from attention_crossval.reference.case import (
     default_softmax_scale,
 )
 from attention_crossval.reference.gradients import BackwardCase
+
+T = TypeVar("T")  # what a strategy draws
 
 # The reference tiers as a "kernel": every dtype and mask, small head dims and tiles so CPU
 # runs see many blocks per row (tile_m != tile_n catches the two being swapped).
@@ -406,6 +410,29 @@ def _backward_spec(spec: KernelSpec) -> KernelSpec:
     )
 
 
+def drawn_examples(
+    strategy: st.SearchStrategy[T], count: int, *, seed: int | None = None
+) -> list[T]:
+    """The first ``count`` values ``strategy`` draws, generation only (as the kernel suite draws:
+    no shrinking, no example database), repeatable: under ``seed``, else derandomized."""
+    drawn: list[T] = []
+
+    @settings(
+        max_examples=count,
+        derandomize=seed is None,
+        database=None,
+        deadline=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(strategy)
+    def collect(value: T) -> None:
+        drawn.append(value)
+
+    (collect if seed is None else hypothesis_seed(seed)(collect))()
+    return drawn[:count]
+
+
 __all__ = [
     "DISTRIBUTIONS",
     "FEATURES",
@@ -423,6 +450,7 @@ __all__ = [
     "backward_cases",
     "build_do",
     "case_features",
+    "drawn_examples",
     "gradient_distributions",
     "head_counts",
     "hidden_key_cases",

@@ -721,27 +721,9 @@ def sampled_configs(count: int, seed: int = 0, spec=None) -> list[SampledConfig]
     for a given ``seed`` (Hypothesis derandomized on that seed, no example database)."""
     if count < 1:
         raise ValueError(f"sample count={count!r} must be >= 1")
-    from hypothesis import HealthCheck, Phase, given, settings
-    from hypothesis import seed as hypothesis_seed
+    from attention_crossval.properties.strategies import attention_cases, drawn_examples
 
-    from attention_crossval.properties.strategies import attention_cases
-
-    drawn: list[AttentionCase] = []
-
-    @hypothesis_seed(seed)
-    @settings(
-        max_examples=count,
-        database=None,
-        phases=[Phase.generate],
-        deadline=None,
-        suppress_health_check=list(HealthCheck),
-    )
-    @given(attention_cases(spec=spec))
-    def collect(case: AttentionCase) -> None:
-        if len(drawn) < count:
-            drawn.append(case)
-
-    collect()
+    drawn = drawn_examples(attention_cases(spec=spec), count, seed=seed)
     return [SampledConfig(f"sampled-{seed}-{i:03d}", case) for i, case in enumerate(drawn)]
 
 
