@@ -8,6 +8,7 @@ process (worker starts while collecting) and the slowest tests. ``--json PATH`` 
 per-test details. Everything after ``--`` goes to pytest:
 
     PYTHONPATH=src python -m benchmarks.bench_gpu_phases --json phases.json -- -m gpu -n 8
+    PYTHONPATH=src python -m benchmarks.bench_gpu_phases --stop-after 300 -- -m gpu -n 16
     PYTHONPATH=src python -m benchmarks.bench_gpu_phases -- -m cpu -n 2 \\
         src/attention_crossval/properties/test_kernels.py -k streaming
 """
@@ -18,6 +19,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -42,13 +44,23 @@ def gpu_names() -> str:
     return ", ".join(names) or "no GPU"
 
 
-def run_pytest(pytest_args: list[str], timings: Path) -> tuple[int, float]:
-    """Run pytest with ``--phase-timings``; its exit code and wall seconds."""
+def run_pytest(
+    pytest_args: list[str], timings: Path, stop_after: float | None
+) -> tuple[int, float]:
+    """Run pytest with ``--phase-timings``; its exit code and wall seconds. Interrupted (Ctrl-C,
+    or ``stop_after`` seconds passed), pytest gets SIGINT itself and still writes the timings of
+    the tests that finished, as a user's Ctrl-C gives it."""
     command = [sys.executable, "-m", "pytest", *pytest_args, f"--phase-timings={timings}"]
     print("$", " ".join(command), flush=True)
     start = time.perf_counter()
-    code = subprocess.run(command, check=False).returncode
-    return code, time.perf_counter() - start
+    process = subprocess.Popen(command)
+    try:
+        process.wait(timeout=stop_after)
+    except (KeyboardInterrupt, subprocess.TimeoutExpired):
+        print(f"\ninterrupting pytest after {time.perf_counter() - start:.0f} s", flush=True)
+        process.send_signal(signal.SIGINT)
+        process.wait()
+    return process.returncode, time.perf_counter() - start
 
 
 def per_kernel(tests: list[dict]) -> dict[str, dict[str, list[float]]]:
@@ -107,12 +119,18 @@ def report(timings: dict, wall: float, code: int, pytest_args: list[str]) -> Non
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", default=None, help="write the per-test details here")
+    parser.add_argument(
+        "--stop-after",
+        type=float,
+        default=None,
+        help="interrupt pytest after this many seconds and report the tests that finished",
+    )
     parser.add_argument("pytest_args", nargs=argparse.REMAINDER, help="-- then pytest's")
     args = parser.parse_args()
     pytest_args = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
     with tempfile.TemporaryDirectory() as scratch:
         path = Path(scratch) / "phases.json"
-        code, wall = run_pytest(pytest_args, path)
+        code, wall = run_pytest(pytest_args, path, args.stop_after)
         if not path.exists():
             sys.exit(f"pytest wrote no phase timings (exit {code}): did it collect any test?")
         timings = json.loads(path.read_text())
