@@ -17,7 +17,6 @@ run is scripts/gpu/own_sm90_fp8_check.py and ``pytest -m gpu --kernel own-sm90-f
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import struct
 from functools import partial
@@ -27,11 +26,12 @@ import numpy as np
 import pytest
 
 from attention_crossval.kernel.own.sm90.fp8_layout import fp8_key_order, padded_keys
-
-HAS_CUTLASS = importlib.util.find_spec("cutlass") is not None
-needs_cutlass = pytest.mark.skipif(
-    not HAS_CUTLASS, reason="cutlass not importable (pip install nvidia-cutlass-dsl==4.8.1)"
+from tests.kernel.own_kernels import (
+    dsl_arch_sm90a,  # noqa: F401 - a fixture, used by name
+    needs_cutlass,
+    needs_tvm_ffi,
 )
+
 FP8 = ("float8_e4m3fn", "float8_e5m2")
 PTX_NAME = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
 # (max_offset_log2, rescale_threshold_log2): own-sm90-fp8's per format, and FA4's
@@ -379,3 +379,52 @@ def test_own_sm90_fp8_adapter_declares_and_hands_over_the_fp8_case() -> None:
     assert np.array_equal(k_d.numpy(), k_descale)
     other = AttentionCase(q=x, k=x, v=x, output_dtype="float32")
     assert "output_dtype" in adapter.spec.unsupported(other)
+
+
+@pytest.mark.cpu
+@needs_cutlass
+@needs_tvm_ffi
+@pytest.mark.usefixtures("dsl_arch_sm90a")
+def test_fp8_launch_goes_through_the_own_kernels_tvm_ffi_launch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``own_sm90_fp8.launch`` copies V keys-contiguous and calls the own kernels' TVM-FFI launch
+    (``_cute.launch``), as the 16-bit adapters do: one sm_90a compile per variant (a second
+    call reuses it; FA4's constants are another variant), every parameter filled (TVM-FFI
+    counts them), and the compiled function's C++ checks refuse host tensors (argument #0),
+    so the call got past the Python part with FP8 q, k, the padded V, bf16 O and the descales.
+    Its own checks come first and name the rule (k and v must match)."""
+    torch = pytest.importorskip("torch")
+    from attention_crossval.kernel.adapters import _cute, own_sm90_fp8
+
+    compiles: list[tuple] = []
+
+    def counted(key: tuple, make_kernel: object) -> tuple:
+        compiles.append(key)
+        return real_compiled(key, make_kernel)
+
+    real_compiled = _cute.compiled
+    monkeypatch.setattr(_cute, "compiled", counted)
+    monkeypatch.setattr(_cute, "_COMPILED", {})
+    q, k, v = (torch.zeros(2, 200, 2, 64).to(torch.float8_e4m3fn) for _ in range(3))
+    out, lse = torch.zeros(2, 200, 2, 64, dtype=torch.bfloat16), torch.zeros(2, 2, 200)
+    descales = tuple(torch.ones(2, 2) for _ in range(3))
+
+    def call(constants: tuple[float, float], v: object = v) -> None:
+        own_sm90_fp8.launch(
+            q, k, v, out, lse, 0.125, causal=True, descales=descales,
+            max_offset_log2=constants[0], rescale_threshold_log2=constants[1],
+            **dict.fromkeys(own_sm90_fp8.KNOBS, True),
+        )  # fmt: skip
+
+    fixed, fa4 = CONSTANTS["fixed-e4m3"], CONSTANTS["fa4"]
+    for constants in (fixed, fixed, fa4):
+        with pytest.raises(ValueError, match=r"argument #0(.|\n)*expected device_type=cuda"):
+            call(constants)
+    assert len(compiles) == 2 and compiles[0][-1] is True, compiles  # the FP8 key part
+    function, padding = _cute._COMPILED[compiles[0]]
+    assert len(padding) == 14  # q, k, v, o, lse, scale_log2, five optional, three descales
+    with pytest.raises(TypeError, match="14 parameters"):
+        function(q, k, v, out, lse, 0.125)
+    with pytest.raises(ValueError, match="k .* and v .* must match"):
+        call(fixed, v[:, :100])
