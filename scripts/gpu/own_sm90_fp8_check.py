@@ -5,6 +5,10 @@ next to the bf16 kernel's.
 Run from the repository root with CuTe DSL importable (docs/gpu.md):
 ``PYTHONPATH=$PWD/src:$PWD python scripts/gpu/own_sm90_fp8_check.py``.
 
+First a permutation probe per format (:func:`permutation_probe`): V the identity, so O is P
+and any slip between P's registers, the PV WGMMA's A operand and V's key order shows as O's
+entries in the wrong places (issue 24's fault: 0 slots off once fixed).
+
 Cases: e4m3 and e5m2, D = 64 and 128, causal or not, GQA once, lengths off the tile edges, and a
 slow max ramp over 64 key blocks (logits of std 2 whose row max creeps up block after block, by
 less than the rescale threshold: FA4's trigger). Inputs are
@@ -153,6 +157,48 @@ RAMPS = [
 ]
 
 
+def permutation_probe(fmt: str, D: int) -> None:
+    """P read back directly: one 128-key block, V the D x D identity (Sk = D), descales 1, so
+    row r of O is row r of P (``P8 / l``: the FP8 rounding of the scaled P over the fp32 row
+    sum, modelled here in float64). A slip between P's registers and the PV WGMMA's A operand,
+    or between A's key order and V's, is then a permutation of O's entries. Prints the max
+    error against the model, how many of rows 0-15 x keys 0-31 (one warp's rows, one k32
+    block) are off their own value by more than 2^-6 of it (bf16 output and fp32 rounding stay
+    far below), and for the first few the (row', key') whose model value is nearest, as
+    ``(row, key)<-(row', key')``. 0 slots off on a correct kernel; issue 24's fault moved rows
+    g + 8's keys 2t, 2t+1 into row g's A slots."""
+    offset, threshold = FIXED_CONSTANTS[fmt]
+    g = torch.Generator(device="cuda").manual_seed(D)
+    q, k = (torch.randn(1, n, 1, D, device="cuda", generator=g) * 1.5 for n in (128, D))
+    q, k = q.to(TORCH_FP8[fmt]), k.to(TORCH_FP8[fmt])
+    v = torch.eye(D, device="cuda")[None, :, None, :].to(TORCH_FP8[fmt])
+    ones = tuple(torch.ones(1, 1, device="cuda") for _ in range(3))
+    out = torch.full((1, 128, 1, D), float("nan"), device="cuda", dtype=torch.bfloat16)
+    lse = torch.empty(1, 1, 128, device="cuda")
+    launch(
+        q, k, v, out, lse, D**-0.5, causal=False, descales=ones, max_offset_log2=offset,
+        rescale_threshold_log2=threshold, **dict.fromkeys(KNOBS, True),
+    )  # fmt: skip
+    torch.cuda.synchronize()
+    t = (q[0, :, 0].double() @ k[0, :, 0].double().T) * D**-0.5 * LOG2_E
+    p = torch.exp2(t - t.amax(dim=1, keepdim=True) + offset)
+    model = p.to(TORCH_FP8[fmt]).double() / p.sum(dim=1, keepdim=True)
+    o = out[0, :, 0].double()
+    own, got = model[:16, :32].reshape(-1), o[:16, :32].reshape(-1)
+    off = ((got - own).abs() > 2.0**-6 * own + 1e-6).nonzero().flatten().tolist()
+    nearest = (got[off, None] - own[None, :]).abs().argmin(dim=1).tolist() if off else []
+    shown = " ".join(
+        f"({i // 32},{i % 32})<-({j // 32},{j % 32})"
+        for i, j in zip(off[:6], nearest[:6], strict=True)
+    )
+    print(
+        f"fp8 permutation probe {fmt:<13} D={D}: max|O - P|={(o - model).abs().max().item():.3e}"
+        f" (P max {model.max().item():.3e}); slots off their own P: {len(off)}/{own.numel()}"
+        f" {shown}",
+        flush=True,
+    )
+
+
 def speed(B: int, H: int, S: int, D: int, causal: bool) -> None:
     """TFLOP/s of the FP8 launch (the V reorder included), of the V reorder alone, and of the
     bf16 own-sm90 kernel (its adapters' knobs), on both clocks (do_bench / CUDA graph)."""
@@ -189,6 +235,12 @@ def speed(B: int, H: int, S: int, D: int, causal: bool) -> None:
 
 
 def main() -> None:
+    for fmt, D in (("float8_e4m3fn", 128), ("float8_e5m2", 64)):
+        try:
+            permutation_probe(fmt, D)
+        except Exception:  # noqa: BLE001 - one failing case must not hide the others
+            traceback.print_exc()
+            print(f"fp8 permutation probe {fmt} D={D}: ERROR (traceback above)", flush=True)
     for args in CASES + RAMPS:
         try:
             check(*args)

@@ -1,11 +1,13 @@
 """What the tests of the own CuTe DSL kernels share (test_own_kernels.py for SM90,
-test_own_sm100.py): the compile configurations, the skip without cutlass, the spill check and
-the targeted cases."""
+test_own_sm90_fp8.py, test_own_sm100.py): the compile configurations, the skips without
+cutlass or tvm_ffi, the DSL arch fixture of the launch tests, the spill check and the targeted
+cases."""
 
 from __future__ import annotations
 
 import importlib.util
 import re
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -16,6 +18,10 @@ from attention_crossval.reference.precision import cast_input
 HAS_CUTLASS = importlib.util.find_spec("cutlass") is not None
 needs_cutlass = pytest.mark.skipif(
     not HAS_CUTLASS, reason="cutlass not importable (pip install nvidia-cutlass-dsl==4.8.1)"
+)
+needs_tvm_ffi = pytest.mark.skipif(
+    importlib.util.find_spec("tvm_ffi") is None,
+    reason="tvm_ffi not importable (pip install -e '.[kernels]': apache-tvm-ffi)",
 )
 CONFIGS = [
     (dtype, head_dim, causal)
@@ -62,3 +68,19 @@ TARGETED = {
     "causal Sq == Sk, partial tile": lambda: ramp_case(257, 257, causal=True, dtype="float16"),
     "single key": lambda: ramp_case(5, 1, causal=True),
 }
+
+
+@pytest.fixture
+def dsl_arch_sm90a() -> Iterator[None]:
+    """The DSL's runtime arch set to sm_90a, as ``CUTE_DSL_ARCH=sm_90a`` sets it, so that the
+    adapters' launch compiles for sm_90a and loads the result as on an H200 (the DSL gives a
+    build for another arch than the runtime's no function to call); reset afterwards to the
+    environment's or the detected arch."""
+    from cutlass.cutlass_dsl import CuTeDSL
+
+    envar = CuTeDSL._get_dsl().envar
+    envar.arch = "sm_90a"
+    try:
+        yield
+    finally:
+        del envar.arch

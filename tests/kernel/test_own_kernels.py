@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -45,13 +44,10 @@ from tests.kernel.own_kernels import (
     HAS_CUTLASS,
     TARGETED,
     assert_no_spills,
+    dsl_arch_sm90a,  # noqa: F401 - a fixture, used by name
     needs_cutlass,
+    needs_tvm_ffi,
     ramp_case,
-)
-
-needs_tvm_ffi = pytest.mark.skipif(
-    importlib.util.find_spec("tvm_ffi") is None,
-    reason="tvm_ffi not importable (pip install -e '.[kernels]': apache-tvm-ffi)",
 )
 
 # own-sm90-full: every case goes through the varlen path; the window is a compile-time choice.
@@ -920,28 +916,13 @@ def test_own_sm90_overlap_switch(monkeypatch: pytest.MonkeyPatch) -> None:
         assert "longest_first" in str(error.value) and "baseline" in str(error.value)
 
 
-@pytest.fixture
-def dsl_arch_sm90a() -> Iterator[None]:
-    """The DSL's runtime arch set to sm_90a, as ``CUTE_DSL_ARCH=sm_90a`` sets it, so that the
-    adapters' launch compiles for sm_90a and loads the result as on an H200 (the DSL gives a
-    build for another arch than the runtime's no function to call); reset afterwards to the
-    environment's or the detected arch."""
-    from cutlass.cutlass_dsl import CuTeDSL
-
-    envar = CuTeDSL._get_dsl().envar
-    envar.arch = "sm_90a"
-    try:
-        yield
-    finally:
-        del envar.arch
-
-
 @pytest.mark.cpu
 @needs_cutlass
 @needs_tvm_ffi
+@pytest.mark.usefixtures("dsl_arch_sm90a")
 @pytest.mark.parametrize("path", ["dense, default knobs", "varlen + window, persistent"])
 def test_own_sm90_launch_calls_tvm_ffi_with_the_tensors_as_given(
-    monkeypatch: pytest.MonkeyPatch, dsl_arch_sm90a: None, path: str
+    monkeypatch: pytest.MonkeyPatch, path: str
 ) -> None:
     """The launch path itself, on the CPU: ``launch`` / ``launch_full`` compile their variant
     for sm_90a with TVM-FFI once (the second call reuses it) and hand the arrays to the
@@ -992,9 +973,8 @@ def test_own_sm90_launch_calls_tvm_ffi_with_the_tensors_as_given(
 @pytest.mark.cpu
 @needs_cutlass
 @needs_tvm_ffi
-def test_own_sm90_launch_build_runs_the_ptx_the_cpu_tests_inspect(
-    dsl_arch_sm90a: None, tmp_path: Path
-) -> None:
+@pytest.mark.usefixtures("dsl_arch_sm90a")
+def test_own_sm90_launch_build_runs_the_ptx_the_cpu_tests_inspect(tmp_path: Path) -> None:
     """The launch's TVM-FFI build (``compile_on_fake_tensors(..., tvm_ffi=True)``, what
     ``_cute.compiled`` calls) differs from the compile-only build the other tests inspect in
     its host entry only: the device code, the PTX, is the same text (the adapters' variant,

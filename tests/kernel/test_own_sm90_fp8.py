@@ -1,9 +1,10 @@
 """The own SM90 kernel's FP8 forward (``own-sm90-fp8``): compile-only checks on the CPU.
 
-* The key order: ``acc_as_fp8_operand_a`` of the S accumulator holds, value for value, the
-  (row, key) the FP8 PV WGMMA reads at that A position once V's keys are stored in
-  ``fp8_key_order`` (checked on coordinates at trace time; the 16-bit view and the plain key
-  order both fail the same check), and the launcher's reordered V holds exactly that order.
+* The key order: the S accumulator's value the kernel stores in each A slot of the FP8 PV
+  WGMMA (``fp8_p_layouts``) is, value for value, the (row, key) the WGMMA reads there once V's
+  keys are stored in ``fp8_key_order``: on CuTe DSL's layouts at trace time, and on the
+  compiled PTX against the PTX ISA's fragment layouts (issue 24's fault: P's bytes in S's order
+  mixed rows g and g + 8 in every A register). The launcher's reordered V holds that order.
 * Every FP8 configuration the adapter runs (e4m3 / e5m2, D = 64 / 128, causal or not, with the
   fixed and FA4's constants) compiles for sm_90a: FP8 WGMMAs of both GEMMs, the satfinite
   conversion of P, no byte permutes or shuffles for P, no local memory, no spills; the lazy
@@ -16,20 +17,21 @@ run is scripts/gpu/own_sm90_fp8_check.py and ``pytest -m gpu --kernel own-sm90-f
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import struct
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from attention_crossval.kernel.own.sm90.fp8_layout import fp8_key_order, padded_keys
-
-HAS_CUTLASS = importlib.util.find_spec("cutlass") is not None
-needs_cutlass = pytest.mark.skipif(
-    not HAS_CUTLASS, reason="cutlass not importable (pip install nvidia-cutlass-dsl==4.8.1)"
+from tests.kernel.own_kernels import (
+    dsl_arch_sm90a,  # noqa: F401 - a fixture, used by name
+    needs_cutlass,
+    needs_tvm_ffi,
 )
+
 FP8 = ("float8_e4m3fn", "float8_e5m2")
 PTX_NAME = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
 # (max_offset_log2, rescale_threshold_log2): own-sm90-fp8's per format, and FA4's
@@ -48,27 +50,23 @@ def test_fp8_key_order_permutes_each_32_key_block() -> None:
         fp8_key_order(33)
 
 
-def _p_layout_mismatches(order: np.ndarray, view: str, num_wg: int) -> dict[int, int]:
-    """Trace the FP8 MMAs and count, per sampled thread, the A positions whose value (S at
-    ``(row, key)`` through ``view``: "fp8" or the 16-bit "bf16" re-view) is not the key
-    ``order[j]`` of the row that the PV WGMMA multiplies at A position ``(row, j)``."""
+def _p_layout_mismatches(order: np.ndarray, storage: str, num_wg: int) -> dict[int, int]:
+    """Trace the FP8 MMAs and count, per sampled thread, the S values that land in an A slot
+    ``(row, j)`` of the PV WGMMA holding anything but S's ``(row, order[j])``. ``storage``:
+    "kernel" stores P's bytes as :func:`fp8_p_layouts` says (A's order), "s_order" keeps
+    them in S's accumulator order (issue 24's bug: the WGMMA reads bytes in storage order)."""
     import cutlass
     import cutlass.cute as cute
     import cutlass.utils.hopper_helpers as sm90_utils
     from cutlass.cute.nvgpu import OperandMajorMode, warpgroup
 
     from attention_crossval.kernel.adapters.own_sm90 import TILE_N
-    from attention_crossval.kernel.own.sm90.fwd import (
-        ROWS_PER_WG,
-        acc_as_fp8_operand_a,
-        acc_as_operand_a,
-    )
+    from attention_crossval.kernel.own.sm90.fwd import ROWS_PER_WG, fp8_p_layouts
 
     tile_m = ROWS_PER_WG * num_wg
     threads = [0, 1, 2, 3, 4, 5, 7, 31, 32, 35, 97, 127, 128, 131, 254, 255]
     threads += [256, 290, 383] if num_wg == 3 else []
     seen: dict[int, tuple[list, list]] = {}
-    re_view = acc_as_fp8_operand_a if view == "fp8" else acc_as_operand_a
 
     @cute.jit
     def trace() -> None:
@@ -83,11 +81,13 @@ def _p_layout_mismatches(order: np.ndarray, view: str, num_wg: int) -> dict[int,
         )  # fmt: skip
         identity = cute.make_identity_tensor((tile_m, TILE_N))
         for t in threads:
-            cS = re_view(qk.get_slice(t).partition_C(identity))
+            cS = qk.get_slice(t).partition_C(identity)
             cA = pv.get_slice(t).partition_A(identity)
+            as_s = fp8_p_layouts(cS.layout.shape)[0]
+            slots = [as_s(i) if storage == "kernel" else i for i in range(cute.size(cS))]
             seen[t] = (
                 [cS[i] for i in range(cute.size(cS))],
-                [cA[i] for i in range(cute.size(cA))],
+                [cA[slot] for slot in slots],
             )
 
     cute.compile(trace, options="--gpu-arch=sm_90a")
@@ -104,17 +104,99 @@ def _p_layout_mismatches(order: np.ndarray, view: str, num_wg: int) -> dict[int,
 @pytest.mark.cpu
 @needs_cutlass
 @pytest.mark.parametrize("num_wg", [2, 3])
-def test_fp8_p_view_feeds_the_pv_wgmma_the_relabelled_keys(num_wg: int) -> None:
-    """P never leaves its lanes: A position ``(row, j)`` of the FP8 PV WGMMA holds S's
-    ``(row, fp8_key_order[j])``, the V row the launcher stores at ``j``, in every sampled thread
-    of two or three consumer warpgroups. The check catches a wrong layout: the 16-bit re-view,
-    or the FP8 view with V in plain key order, mismatch on every thread."""
+def test_fp8_p_layouts_feed_the_pv_wgmma_the_relabelled_keys(num_wg: int) -> None:
+    """P never leaves its lanes: the S value the kernel stores in A slot ``(row, j)`` of the
+    FP8 PV WGMMA (:func:`fp8_p_layouts`) is S's ``(row, fp8_key_order[j])``, the V row the
+    launcher stores at ``j``, in every sampled thread of two or three consumer warpgroups
+    (CuTe DSL's own fragment layouts). The check catches a wrong layout: P left in S's order,
+    or V in plain key order, mismatch on every thread."""
     order = fp8_key_order(128)
-    right = _p_layout_mismatches(order, "fp8", num_wg)
+    right = _p_layout_mismatches(order, "kernel", num_wg)
     assert right and set(right.values()) == {0}, right
-    for wrong in (_p_layout_mismatches(np.arange(128), "fp8", num_wg),
-                  _p_layout_mismatches(order, "bf16", num_wg)):  # fmt: skip
+    for wrong in (_p_layout_mismatches(np.arange(128), "kernel", num_wg),
+                  _p_layout_mismatches(order, "s_order", num_wg)):  # fmt: skip
         assert all(bad > 0 for bad in wrong.values()), wrong
+
+
+def _ptx_accumulator_coord(lane: np.ndarray, index: int) -> tuple[np.ndarray, np.ndarray]:
+    """PTX ISA, wgmma ``.f32`` accumulator D: (row in the warp's 16, column) of element
+    ``index`` of each lane."""
+    return lane // 4 + 8 * ((index // 2) % 2), 2 * (lane % 4) + index % 2 + 8 * (index // 4)
+
+
+def _ptx_fp8_a_coord(lane: np.ndarray, reg: int, byte: int) -> tuple[np.ndarray, np.ndarray]:
+    """PTX ISA, wgmma ``m64nNk32`` A from registers (``.e4m3`` / ``.e5m2``): (row in the
+    warp's 16, k) of byte ``byte`` (0 the lowest) of A register ``reg`` of each lane."""
+    return lane // 4 + 8 * (reg % 2), 4 * (lane % 4) + byte + 16 * (reg // 2)
+
+
+def _ptx_p_to_a_mismatches(ptx: str, fmt: str, tile_n: int) -> int:
+    """Follow P through the compiled PTX, as the hardware reads it, and count the (lane, A
+    slot) pairs of one block's PV WGMMAs that hold anything but the S value whose key V holds
+    at that slot (:func:`fp8_key_order`). The path, per A register of the first PV WGMMA group:
+    ``mov.b32 %a, {lo, hi}`` (lo the low 16 bits), each half from ``cvt.rn.satfinite.{fmt}x2
+    .f32 %h, x_hi, x_lo`` (its first operand in the HIGH byte), each ``x`` an fp32 register of
+    S's accumulator as the first ``Q K^T`` WGMMA lists it (P is computed in place). Anything
+    else on the path fails the test (it reads the plain baseline kernel, whose P is one
+    conversion per block)."""
+    regs = partial(re.findall, r"%r\w*\d+")
+    wgmma = rf"wgmma\.mma_async\.sync\.aligned\.m64n\d+k32\.f32\.{fmt}\.{fmt} \{{[^}}]*\}}, "
+    qk = re.search(f"({wgmma})" + r"%rd\d+, %rd\d+", ptx)
+    assert qk, "no Q K^T WGMMA in the PTX"
+    accumulator = {name: i for i, name in enumerate(regs(qk.group(1).split("{")[1]))}
+    pv = [regs(a) for a in re.findall(wgmma + r"\{([^}]*)\}, %rd\d+", ptx)]
+    blocks = tile_n // 32
+    assert len(pv) == blocks and all(len(a) == 4 for a in pv), pv
+    movs = re.findall(r"mov\.b32 (%r\d+), \{(%rs\d+), (%rs\d+)\};", ptx)
+    cvts = re.findall(rf"cvt\.rn\.satfinite\.{fmt}x2\.f32 (%rs\d+), (%r\d+), (%r\d+);", ptx)
+    halves = {dst: (lo, hi) for dst, lo, hi in movs}
+    pairs = {dst: (lo, hi) for dst, hi, lo in cvts}
+    assert len(halves) == len(movs) and len(pairs) == len(cvts), "a register defined twice"
+    order = fp8_key_order(tile_n)
+    lane = np.arange(32)
+    bad = 0
+    for kb, a_regs in enumerate(pv):
+        for reg, a in enumerate(a_regs):
+            p_bytes = [x for half in halves[a] for x in pairs[half]]  # byte 0 first
+            for byte, x in enumerate(p_bytes):
+                s_row, s_key = _ptx_accumulator_coord(lane, accumulator[x])
+                a_row, a_k = _ptx_fp8_a_coord(lane, reg, byte)
+                bad += int(np.sum((s_row != a_row) | (s_key != order[32 * kb + a_k])))
+    return bad
+
+
+@pytest.mark.cpu
+@needs_cutlass
+@pytest.mark.parametrize(("dtype", "head_dim"), [("float8_e4m3fn", 128), ("float8_e5m2", 64)])
+@pytest.mark.parametrize("storage", ["kernel", "s_order"])
+def test_compiled_p_reaches_the_pv_wgmma_as_ptx_reads_it(
+    dtype: str, head_dim: int, storage: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Issue 24's fault, on the PTX: each byte of each A register of the PV WGMMAs holds the
+    P of the (row, key) that the PTX ISA's fragment layouts put there and that V's reordered
+    row multiplies (:func:`_ptx_p_to_a_mismatches`: all 32 lanes x 4 registers x 4 bytes per
+    k32 block). The ``s_order`` mutant (P's bytes left in S's accumulator order, the A operand a
+    view of them: the kernel before the fix) mismatches on half the slots, rows g and g + 8
+    mixed."""
+    from attention_crossval.kernel.own.sm90 import fwd
+
+    if storage == "s_order":
+
+        def p_fragments(self, acc_S):  # noqa: ANN001, ANN202
+            rP = fwd.cute.make_rmem_tensor_like(acc_S, self.dtype)
+            as_a = fwd.fp8_p_layouts(acc_S.layout.shape)[1]
+            return rP, fwd.cute.make_tensor(rP.iterator, as_a)
+
+        monkeypatch.setattr(fwd.FlashAttentionForwardSm90, "p_fragments", p_fragments)
+        monkeypatch.setattr(
+            fwd.FlashAttentionForwardSm90, "store_p",
+            lambda self, rP, tOrP, acc_S: rP.store(acc_S.load().to(self.dtype)),
+        )  # fmt: skip
+    kernel = _fp8_kernel(dtype, head_dim, False, f"fixed-{PTX_NAME[dtype]}")
+    ptx = _ptx_text(kernel.compile(options=f"--keep-ptx --dump-dir={tmp_path}"))
+    bad = _ptx_p_to_a_mismatches(ptx, PTX_NAME[dtype], kernel.tile_n)
+    slots = 32 * 16 * kernel.tile_n // 32
+    assert bad == (0 if storage == "kernel" else slots // 2), (bad, slots)
 
 
 @pytest.mark.cpu
@@ -139,6 +221,14 @@ def test_launcher_reorders_v_keys_contiguous_in_the_kernel_order() -> None:
     for j in range(keys):
         expected = want[:, order[j]] if order[j] < Sk else torch.zeros_like(want[:, 0])
         assert torch.equal(got[:, j], expected), f"position {j} (key {order[j]})"
+
+
+def _ptx_text(compiled: object) -> str:
+    """The PTX of a compile with ``--keep-ptx`` (the DSL gives the text or its file), runs of
+    blanks made one space."""
+    ptx = compiled.artifacts.PTX
+    ptx = Path(ptx).read_text() if "\n" not in ptx and Path(ptx).is_file() else ptx
+    return re.sub(r"[ \t]+", " ", ptx)
 
 
 def _fp8_kernel(dtype: str, head_dim: int, causal: bool, constants: str, **knobs: bool):
@@ -185,10 +275,7 @@ def test_fp8_kernel_compiles_to_fp8_wgmma(
     and no spill. The lazy rescale adds one compare per row and loop only with a threshold."""
     knobs = ADAPTER_KNOBS if variant == "adapter" else {}
     kernel = _fp8_kernel(dtype, head_dim, causal, constants, **knobs)
-    compiled = kernel.compile(options=f"--keep-ptx --dump-dir={tmp_path} remarks{{ptx}}")
-    ptx = compiled.artifacts.PTX
-    ptx = Path(ptx).read_text() if "\n" not in ptx and Path(ptx).is_file() else ptx
-    ptx = re.sub(r"[ \t]+", " ", ptx)
+    ptx = _ptx_text(kernel.compile(options=f"--keep-ptx --dump-dir={tmp_path} remarks{{ptx}}"))
     fmt = PTX_NAME[dtype]
     for n in {128, head_dim}:
         assert f"wgmma.mma_async.sync.aligned.m64n{n}k32.f32.{fmt}.{fmt}" in ptx
@@ -292,3 +379,52 @@ def test_own_sm90_fp8_adapter_declares_and_hands_over_the_fp8_case() -> None:
     assert np.array_equal(k_d.numpy(), k_descale)
     other = AttentionCase(q=x, k=x, v=x, output_dtype="float32")
     assert "output_dtype" in adapter.spec.unsupported(other)
+
+
+@pytest.mark.cpu
+@needs_cutlass
+@needs_tvm_ffi
+@pytest.mark.usefixtures("dsl_arch_sm90a")
+def test_fp8_launch_goes_through_the_own_kernels_tvm_ffi_launch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``own_sm90_fp8.launch`` copies V keys-contiguous and calls the own kernels' TVM-FFI launch
+    (``_cute.launch``), as the 16-bit adapters do: one sm_90a compile per variant (a second
+    call reuses it; FA4's constants are another variant), every parameter filled (TVM-FFI
+    counts them), and the compiled function's C++ checks refuse host tensors (argument #0),
+    so the call got past the Python part with FP8 q, k, the padded V, bf16 O and the descales.
+    Its own checks come first and name the rule (k and v must match)."""
+    torch = pytest.importorskip("torch")
+    from attention_crossval.kernel.adapters import _cute, own_sm90_fp8
+
+    compiles: list[tuple] = []
+
+    def counted(key: tuple, make_kernel: object) -> tuple:
+        compiles.append(key)
+        return real_compiled(key, make_kernel)
+
+    real_compiled = _cute.compiled
+    monkeypatch.setattr(_cute, "compiled", counted)
+    monkeypatch.setattr(_cute, "_COMPILED", {})
+    q, k, v = (torch.zeros(2, 200, 2, 64).to(torch.float8_e4m3fn) for _ in range(3))
+    out, lse = torch.zeros(2, 200, 2, 64, dtype=torch.bfloat16), torch.zeros(2, 2, 200)
+    descales = tuple(torch.ones(2, 2) for _ in range(3))
+
+    def call(constants: tuple[float, float], v: object = v) -> None:
+        own_sm90_fp8.launch(
+            q, k, v, out, lse, 0.125, causal=True, descales=descales,
+            max_offset_log2=constants[0], rescale_threshold_log2=constants[1],
+            **dict.fromkeys(own_sm90_fp8.KNOBS, True),
+        )  # fmt: skip
+
+    fixed, fa4 = CONSTANTS["fixed-e4m3"], CONSTANTS["fa4"]
+    for constants in (fixed, fixed, fa4):
+        with pytest.raises(ValueError, match=r"argument #0(.|\n)*expected device_type=cuda"):
+            call(constants)
+    assert len(compiles) == 2 and compiles[0][-1] is True, compiles  # the FP8 key part
+    function, padding = _cute._COMPILED[compiles[0]]
+    assert len(padding) == 14  # q, k, v, o, lse, scale_log2, five optional, three descales
+    with pytest.raises(TypeError, match="14 parameters"):
+        function(q, k, v, out, lse, 0.125)
+    with pytest.raises(ValueError, match="k .* and v .* must match"):
+        call(fixed, v[:, :100])

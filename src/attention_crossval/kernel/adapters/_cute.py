@@ -19,11 +19,12 @@ from typing import Any
 
 from attention_crossval.kernel.contract.spec import KernelSpec
 from attention_crossval.kernel.harness.phases import phase
+from attention_crossval.kernel.own.sm90.fp8_layout import padded_keys
 from attention_crossval.reference.case import CausalAlignment
 from attention_crossval.reference.precision import LOG2_E
 
-# (kernel name, torch dtype, D, causal, varlen, window, variant, max_ctas given) -> the
-# compiled function and its None padding (:func:`compiled`), for this process
+# (kernel name, torch dtype, D, causal, varlen, window, variant, max_ctas given, FP8 descales
+# given) -> the compiled function and its None padding (:func:`compiled`), for this process
 _COMPILED: dict[tuple, tuple[Any, tuple]] = {}
 
 
@@ -60,6 +61,7 @@ def launch(
     window: tuple[int, int] | None = None,
     variant: Hashable = None,
     max_ctas: int | None = None,
+    descales: tuple[Any, Any, Any] | None = None,
 ) -> None:
     """Run kernel ``name`` on torch CUDA tensors ``q [B, Sq, Hq, D]``, ``k, v [B, Sk, Hkv, D]``,
     ``out`` like q and ``lse [B, Hq, Sq]`` (fp32) on torch's current stream.
@@ -74,7 +76,10 @@ def launch(
     ``overlap``); it is part of the compile cache key, so variants of one kernel coexist.
     ``max_ctas`` (the SM90 kernel's ``persistent`` grid cap) goes last as an ``Int32`` (the
     lengths and window then None where absent); its presence is part of the key, its value a
-    runtime one.
+    runtime one. ``descales`` (the SM90 kernel's FP8 inputs: q, k and v descales, float32
+    ``[B, Hkv]``) go after it, the others then None where absent; ``v`` is then the launcher's
+    keys-contiguous copy, ``[B, padded_keys(Sk), Hkv, D]``
+    (:func:`kernel.adapters.own_sm90_fp8.keys_contiguous_v`), and ``out`` bf16.
 
     The call is TVM-FFI's (:func:`compiled`): the tensors go to the compiled function as they
     are, with no per-call wrapping, and the function checks them in C++; what is left in Python
@@ -85,8 +90,9 @@ def launch(
     if (Hq % Hkv if gqa else Hq != Hkv) or not Hkv:
         wanted = "a multiple of" if gqa else "equal to (no GQA in this kernel)"
         raise ValueError(f"Hq={Hq} must be {wanted} Hkv={Hkv} in {name}")
+    v_shape = k_shape if descales is None else (B, padded_keys(k_shape[1]), Hkv, D)
     if (
-        v.shape != k_shape
+        v.shape != v_shape
         or k_shape[0] != B
         or k_shape[3] != D
         or out.shape != q_shape
@@ -99,7 +105,7 @@ def launch(
         )
     key = (
         name, q.dtype, D, bool(causal), lengths is not None, window is not None, variant,
-        max_ctas is not None,
+        max_ctas is not None, descales is not None,
     )  # fmt: skip
     entry = _COMPILED.get(key)
     if entry is None:
@@ -107,8 +113,10 @@ def launch(
             entry = _COMPILED[key] = compiled(key, make_kernel)
     function, padding = entry
     args = (q, k, v, out, lse, softmax_scale * LOG2_E)
-    if lengths is not None or window is not None or max_ctas is not None:  # optional, trailing
-        args += (*(lengths or (None, None)), *(window or (None, None)), max_ctas)
+    if lengths is not None or window is not None or max_ctas is not None or descales is not None:
+        args += (*(lengths or (None, None)), *(window or (None, None)), max_ctas)  # trailing
+    if descales is not None:
+        args += tuple(descales)
     function(*args, *padding[len(args) :])
 
 
@@ -124,11 +132,11 @@ def compiled(key: tuple, make_kernel: Callable[[str, int, bool], Any]) -> tuple[
 
     from attention_crossval.kernel.own.common.host import compile_on_fake_tensors
 
-    name, torch_dtype, head_dim, causal, varlen, window, _, capped = key
+    name, torch_dtype, head_dim, causal, varlen, window, _, capped, fp8 = key
     kernel = make_kernel(str(torch_dtype).removeprefix("torch."), int(head_dim), bool(causal))
     compiled_kernel = compile_on_fake_tensors(
         kernel, kernel.dtype, None, varlen=varlen, window=window,
-        max_ctas=1 if capped else None, tvm_ffi=True,
+        max_ctas=1 if capped else None, tvm_ffi=True, fp8=fp8,
     )  # fmt: skip
     function = compiled_kernel.__tvm_ffi_object__()
     if function is None:  # the DSL loads no build for an arch other than the runtime's

@@ -20,16 +20,18 @@ Two sets of constants ``(max_offset_log2, rescale_threshold_log2)``:
 
 The launch reorders V on the device (:func:`keys_contiguous_v`): keys contiguous, as FP8 WGMMA
 reads its shared-memory operands K-major, and in :func:`~kernel.sm90.fp8_layout.fp8_key_order`,
-the order the kernel's P fragment needs. The adapter runs the kernel with :data:`KNOBS`.
-torch and cutlass are imported only inside calls.
+the order the kernel's P fragment needs, then calls the kernel through the own kernels' TVM-FFI
+launch (kernel/adapters/_cute.py), as the 16-bit adapters do. The adapter runs the kernel with
+:data:`KNOBS`. torch and cutlass are imported only inside calls.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
-from attention_crossval.kernel.adapters import _torch
+from attention_crossval.kernel.adapters import _cute, _torch
 from attention_crossval.kernel.adapters.own_sm90 import ROWS_PER_WG, TILE_N, consumer_warpgroups
 from attention_crossval.kernel.contract.spec import KernelSpec
 from attention_crossval.reference.case import AttentionCase
@@ -47,8 +49,6 @@ FA4_CONSTANTS: dict[str, tuple[float, float]] = dict.fromkeys(FP8_DTYPES, (8.0, 
 # The FP8 kernel's knobs (kernel/own/sm90/fwd.py), as own_sm90.DEFAULT_KNOBS without smem_epilogue
 # (bf16 O does not fit the FP8 Q buffer); m192 as there: 192-row tiles at D = 64.
 KNOBS = ("overlap", "pingpong", "longest_first", "m192")
-# (dtype, D, causal, constants, knobs) -> compiled kernel, for this process
-_COMPILED: dict[tuple[Any, ...], Any] = {}
 
 
 def fp8_spec(name: str, constants: dict[str, tuple[float, float]]) -> KernelSpec:
@@ -139,16 +139,11 @@ def launch(
 ) -> None:
     """Run the FP8 kernel on torch CUDA tensors ``q [B, Sq, Hq, D]``, ``k, v [B, Sk, Hkv, D]``
     (one FP8 dtype), ``out`` bf16 like q, ``lse [B, Hq, Sq]`` fp32, ``descales`` (q, k, v)
-    float32 ``[B, Hkv]``, on the current stream. ``knobs`` (names from :data:`KNOBS`) pick the
-    variant, off when left out; one compile per (dtype, D, causal, constants, knobs) and
-    process."""
-    import cuda.bindings.driver as cuda
-    import cutlass
-    import cutlass.cute as cute
+    float32 ``[B, Hkv]``, on the current stream, through the own kernels' TVM-FFI launch
+    (:func:`kernel.adapters._cute.launch`), V first copied keys-contiguous
+    (:func:`keys_contiguous_v`). ``knobs`` (names from :data:`KNOBS`) pick the variant, off
+    when left out; one compile per (dtype, D, causal, constants, knobs) and process."""
     import torch
-    from cutlass.cute.runtime import from_dlpack
-
-    from attention_crossval.kernel.own.common.softmax import LOG2_E
 
     unknown = sorted(set(knobs) - set(KNOBS))
     if unknown:
@@ -159,43 +154,38 @@ def launch(
                          f"{v.dtype}")  # fmt: skip
     if out.dtype != torch.bfloat16:
         raise ValueError(f"out.dtype={out.dtype} must be torch.bfloat16 (FP8 inputs write bf16)")
-    B, Sq, Hq, D = q.shape
-    Hkv = k.shape[2]
-    if k.shape != v.shape or (B, D) != (k.shape[0], k.shape[3]) or out.shape != q.shape:
-        raise ValueError(
-            f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, out "
-            f"{tuple(out.shape)}: k and v must match, q/k share B and D, out must match q"
-        )
-    if not Hkv or Hq % Hkv:
-        raise ValueError(f"Hq={Hq} must be a multiple of Hkv={Hkv}")
+    B, Hkv = q.shape[0], k.shape[2]
     for name, d in zip(("q_descale", "k_descale", "v_descale"), descales, strict=True):
         if d.dtype != torch.float32 or tuple(d.shape) != (B, Hkv):
             raise ValueError(f"{name} must be float32 [B, Hkv] = [{B}, {Hkv}], got {d.dtype} "
                              f"{tuple(d.shape)}")  # fmt: skip
-    variant = tuple(name for name in KNOBS if knobs.get(name))
-    key = (dtype, D, bool(causal), max_offset_log2, rescale_threshold_log2, variant)
+    if v.shape != k.shape:  # before the copy: _cute.launch sees the padded keys
+        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must match")
+    variant = (max_offset_log2, rescale_threshold_log2, *(n for n in KNOBS if knobs.get(n)))
+    build = partial(_make_kernel, max_offset_log2, rescale_threshold_log2, knobs)
+    _cute.launch(
+        "own-sm90-fp8", build, q, k, keys_contiguous_v(v), out, lse, softmax_scale,
+        causal=causal, gqa=True, variant=variant, descales=tuple(d.contiguous() for d in descales),
+    )  # fmt: skip
 
-    def dynamic(t: Any, leading_dim: int, align: int = 16) -> Any:
-        return from_dlpack(t, assumed_align=align).mark_layout_dynamic(leading_dim=leading_dim)
 
-    args = [
-        dynamic(q, 3), dynamic(k, 3), dynamic(keys_contiguous_v(v), 1), dynamic(out, 3),
-        dynamic(lse, 2, 4), cutlass.Float32(softmax_scale * LOG2_E),
-        cuda.CUstream(torch.cuda.current_stream().cuda_stream),
-        None, None, None, None, None,  # no lengths, no window, no persistent grid cap
-        *(dynamic(d.contiguous(), 1, 4) for d in descales),
-    ]  # fmt: skip
-    if key not in _COMPILED:
-        from attention_crossval.kernel.own.sm90.fwd import FlashAttentionForwardSm90
+def _make_kernel(
+    max_offset_log2: float,
+    rescale_threshold_log2: float,
+    knobs: dict[str, bool],
+    dtype: str,
+    head_dim: int,
+    causal: bool,
+) -> Any:
+    """The kernel object of one variant, for :func:`kernel.adapters._cute.launch` to compile."""
+    from attention_crossval.kernel.own.sm90.fwd import FlashAttentionForwardSm90
 
-        kernel = FlashAttentionForwardSm90(
-            dtype, D, causal, num_consumer_wg=consumer_warpgroups(D, knobs.get("m192", False)),
-            tile_n=TILE_N, max_offset_log2=max_offset_log2,
-            rescale_threshold_log2=rescale_threshold_log2,
-            **{name: on for name, on in knobs.items() if name != "m192"},
-        )  # fmt: skip
-        _COMPILED[key] = cute.compile(kernel, *args)
-    _COMPILED[key](*args)
+    num_wg = consumer_warpgroups(head_dim, knobs.get("m192", False))
+    return FlashAttentionForwardSm90(
+        dtype, head_dim, causal, num_consumer_wg=num_wg, tile_n=TILE_N,
+        max_offset_log2=max_offset_log2, rescale_threshold_log2=rescale_threshold_log2,
+        **{name: on for name, on in knobs.items() if name != "m192"},
+    )  # fmt: skip
 
 
 def create() -> OwnSm90Fp8Adapter:

@@ -3,7 +3,7 @@
 FP8 WGMMA reads both shared-memory operands K-major, so V goes to the kernel transposed (keys
 contiguous, ``[B, Hkv, D, S]`` viewed as ``[B, S, Hkv, D]``). And P's register A fragment holds
 different keys per lane than the S accumulator it is converted from
-(kernel/own/sm90/fwd.py: ``acc_as_fp8_operand_a``): the kernel keeps every value in its lane and
+(kernel/own/sm90/fwd.py: ``fp8_p_layouts``): the kernel keeps every value in its lane and
 relabels keys instead, so position ``j`` of each 32-key block of V must hold key
 ``fp8_key_order(...)[j]``. A product of P and V summed over the keys is the same in any key order
 as long as both use it; only the summation order inside the tensor core changes.

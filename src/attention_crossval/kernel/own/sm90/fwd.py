@@ -118,7 +118,7 @@ the diagonal, window-edge and last partial blocks are masked.
 
 FP8 inputs (``float8_e4m3fn`` / ``float8_e5m2``; docs/own-kernels.md#own-sm90-fp8-the-fp8-forward):
 both GEMMs are FP8 WGMMAs (k32), so V comes keys-contiguous (unit stride along S, K-major in
-shared memory) and in the key order of :func:`acc_as_fp8_operand_a`
+shared memory) and in the key order of :func:`fp8_p_layouts`
 (kernel/own/sm90/fp8_layout.py), which the launcher writes; O is bf16; the optional float32
 ``[B, Hkv]`` descales fold ``q_descale * k_descale`` into the tile's ``scale_log2`` and
 ``v_descale`` into ``1 / row_sum``; ``max_offset_log2`` and ``rescale_threshold_log2`` go to the
@@ -216,30 +216,34 @@ def acc_as_operand_a(acc: cute.Tensor) -> cute.Tensor:
     return cute.make_tensor(acc.iterator, layout)
 
 
-def acc_as_fp8_operand_a(acc: cute.Tensor) -> cute.Tensor:
-    """The accumulator fragment of ``S`` (after conversion to FP8) re-viewed as the A fragment
-    ``(((2, 2), 2, 2), MMA_M, MMA_K)`` of the FP8 PV WGMMA, k32 blocks along the columns.
+def fp8_p_layouts(acc_shape: tuple) -> tuple[cute.Layout, cute.Layout]:
+    """FP8 P's registers, indexed two ways: ``(as S, as A)``. ``as S`` maps S's accumulator
+    coordinate ``((2, 2, (2, 2, V // 4)), MMA_M, MMA_N)`` (its 8-key groups split into group
+    within a pair, pair, k32 block) to a byte of P, ``as A`` is the PV WGMMA's A fragment
+    ``((4, 2, 2), MMA_M, MMA_K)``, compact.
 
-    The lanes of a quad hold different keys in the two: in a 32-key block, lane ``t`` holds S's
-    key pairs ``2t, 2t+1`` of each 8-key group, but A's keys ``4t..4t+3`` and ``16+4t..16+4t+3``
-    (per row). Rather than exchanging values between lanes, the kernel relabels keys: A's 4 keys
-    of half ``h`` are filled, in order, by the pairs of S's groups ``2h`` and ``2h + 1``, so A
-    position ``j`` holds key ``fp8_key_order(...)[j]`` (kernel/own/sm90/fp8_layout.py), and the
-    launcher stores V's keys in that order. The view only regroups registers (each A register
-    is two converted pairs), so no shuffle and no byte permute is needed."""
-    shape, stride = acc.layout.shape, acc.layout.stride
-    if shape[0][2] % 4:
-        raise ValueError(f"FP8 P needs a multiple of 4 8-key groups, got {shape}")
-    group = stride[0][2]
-    layout = cute.make_layout(
-        (((shape[0][0], 2), shape[0][1], 2), shape[1], (shape[0][2] // 4, shape[2])),
-        stride=(
-            ((stride[0][0], group), stride[0][1], group * 2),
-            stride[1],
-            (group * 4, stride[2]),
-        ),
+    CuTe DSL's RS WGMMA takes A's 4 registers per k32 block from the fragment's bytes in
+    storage order, whatever view of them it is handed (tests/kernel/test_own_sm90_fp8.py reads
+    it in the PTX), so P's bytes must be stored in A's order. PTX
+    ISA, wgmma ``m64nNk32``: A register ``r``, byte ``b`` of lane ``l`` is row ``l // 4 +
+    8 (r % 2)``, key ``4 (l % 4) + b + 16 (r // 2)``; accumulator element ``i`` is row
+    ``l // 4 + 8 ((i // 2) % 2)``, key ``2 (l % 4) + i % 2 + 8 (i // 4)``. So the lanes of a
+    quad hold different keys in the two. Rather than exchanging values between lanes, the
+    kernel relabels keys: the A register of row ``r`` and half ``h`` of a k32 block takes that
+    row's converted pairs of S's groups ``2h`` and ``2h + 1``, so A position ``j`` holds key
+    ``fp8_key_order(...)[j]`` (kernel/own/sm90/fp8_layout.py), and the launcher stores V's keys
+    in that order. Each converted pair (``cvt ... x2``, 16 bits) is one half of an A register:
+    no shuffle and no byte permute."""
+    (cols, rows, groups), mma_m, mma_n = acc_shape
+    if (cols, rows) != (2, 2) or groups % 4:
+        raise ValueError(f"FP8 P needs a (2, 2, 4k) accumulator value mode, got {acc_shape}")
+    blocks = groups // 4
+    as_a = cute.make_layout(((4, 2, 2), mma_m, (blocks, mma_n)))
+    as_s = cute.make_layout(
+        ((2, 2, (2, 2, blocks)), mma_m, mma_n),
+        stride=((1, 4, (2, 8, 16 * mma_m)), 16, 16 * mma_m * blocks),
     )
-    return cute.make_tensor(acc.iterator, layout)
+    return as_s, as_a
 
 
 class TmaOperands(NamedTuple):
@@ -821,7 +825,7 @@ class FlashAttentionForwardSm90:
                 self.mask_and_softmax(acc_S, cS_mn, softmax, alpha, n_block, tile, window)
                 rescale_rows(acc_O_mn, alpha)
                 rP, tOrP = self.p_fragments(acc_S)
-                rP.store(acc_S.load().to(self.dtype))
+                self.store_p(rP, tOrP, acc_S)
 
                 v_handle = v_use.wait_and_advance()
                 self.guard_v_padding(sV, v_handle.index, n_block, tile.seqlen_k, extent_k, tidx)
@@ -894,7 +898,7 @@ class FlashAttentionForwardSm90:
             warpgroup.wait_group(0)
             k_handle.release()
             self.mask_and_softmax(acc_S, cS_mn, softmax, alpha, n_block_max - 1, tile, window)
-            rP.store(acc_S.load().to(self.dtype))
+            self.store_p(rP, tOrP, acc_S)
         # The other blocks, hi - 1 down to n_block_min, in three loops so that no branch on the
         # mask sits between wait_group(1) and wait_group(0) (ptxas schedules the wait to the
         # head of the block after such a branch, before the softmax, losing the overlap).
@@ -932,7 +936,7 @@ class FlashAttentionForwardSm90:
                 warpgroup.wait_group(0)
                 v_handle.release()
                 rescale_rows(acc_O_mn, alpha)
-                rP.store(acc_S.load().to(self.dtype))
+                self.store_p(rP, tOrP, acc_S)
         if n_block_max > n_block_min:
             v_handle = v_use.wait_and_advance()
             self.guard_v_padding(sV, v_handle.index, n_block_min, seqlen_k, extent_k, tidx)
@@ -942,13 +946,25 @@ class FlashAttentionForwardSm90:
         return k_use, v_use
 
     def p_fragments(self, acc_S: cute.Tensor) -> tuple[cute.Tensor, cute.Tensor]:
-        """P's registers in the input dtype, laid out as S's accumulator (``rP``, which S is
-        converted into), and their view as the PV WGMMA's A operand (:func:`acc_as_operand_a`,
-        or for FP8 :func:`acc_as_fp8_operand_a`)."""
+        """P's registers in the input dtype: ``rP`` laid out as S's accumulator (which S is
+        converted into) and ``tOrP``, the PV WGMMA's A operand: for 16 bits a view of ``rP``
+        (:func:`acc_as_operand_a`), for FP8 registers of their own (:func:`fp8_p_layouts`)
+        that :meth:`store_p` moves P into."""
         rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
         if cutlass.const_expr(self.fp8):
-            return rP, acc_as_fp8_operand_a(rP)
+            return rP, cute.make_rmem_tensor(fp8_p_layouts(acc_S.layout.shape)[1], self.dtype)
         return rP, acc_as_operand_a(rP)
+
+    def store_p(self, rP: cute.Tensor, tOrP: cute.Tensor, acc_S: cute.Tensor) -> None:
+        """P (fp32 in ``acc_S``) converted to the input dtype into ``rP`` (:meth:`p_fragments`);
+        FP8 then moves each converted pair (16 bits) to its place in ``tOrP``."""
+        rP.store(acc_S.load().to(self.dtype))
+        if cutlass.const_expr(self.fp8):
+            as_s = fp8_p_layouts(acc_S.layout.shape)[0]
+            pairs = cute.recast_tensor(rP, cutlass.Int16)
+            a_pairs = cute.recast_tensor(tOrP, cutlass.Int16)
+            for i in range(cute.size(pairs)):  # trace time: one move per pair
+                a_pairs[as_s(2 * i) // 2] = pairs[i]
 
     @cute.jit
     def qk_gemm(
