@@ -407,8 +407,9 @@ def directional_derivative(
     2^-53 |LSE|) and ``o_err_bound`` enter the quotient divided by 2 eps, and the Richardson
     combination ``(4 D(eps) - D(2 eps)) / 3`` takes ``(4 r(eps) + r(2 eps)) / 3`` of their
     radii ``r`` (:func:`_central_difference`), about ``1.5 * 2^-53 |dlse| |LSE| / eps``. With a
-    tiny dO and small ``q . delta`` (a dq directional derivative ~1e-3 per unit dlse) that is
-    1.5x ``DIRECTIONAL_RTOL`` of the scale, so it is added, not assumed away."""
+    tiny dO and small ``q . delta`` (a dq directional derivative ~1e-3 per unit dlse) it
+    exceeds ``DIRECTIONAL_RTOL`` of the scale (3x on :func:`tiny_do_cancelling_v_case`), so
+    it is added, not assumed away (docs/backward-streaming.md)."""
     r = directional_residual(tier, case, wrt, with_dlse, seed)
     assert abs(r.estimate - r.expected) <= r.allowed, (
         f"d{wrt}: <d{wrt}, delta> = {r.expected!r}, central difference {r.estimate!r} "
