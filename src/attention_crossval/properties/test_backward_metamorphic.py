@@ -13,7 +13,11 @@ from __future__ import annotations
 import pytest
 from hypothesis import example, given, settings
 
-from attention_crossval.properties.backward_properties import PROPERTIES, gqa_case
+from attention_crossval.properties.backward_properties import (
+    PROPERTIES,
+    gqa_case,
+    tiny_do_cancelling_v_case,
+)
 from attention_crossval.properties.replay import reproducer_on_failure
 from attention_crossval.reference import streaming_backward as tier
 
@@ -41,6 +45,7 @@ def test_gqa_equals_the_mha_expansion_summed_per_group(args: tuple) -> None:
 
 @settings(max_examples=min(settings.default.max_examples, 12))  # 4 exact forwards per example
 @given(PROPERTIES["directional_derivative"].strategy)
+@example((tiny_do_cancelling_v_case(), "q", True, 1))  # the exact LSE's rounding, over 2 eps
 def test_directional_derivative_matches_the_exact_forward(args: tuple) -> None:
     """<dx, delta> equals the exact forward's central difference along delta (x = q, k, v)."""
     _run("directional_derivative", args)

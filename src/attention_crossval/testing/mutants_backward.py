@@ -23,6 +23,7 @@ from attention_crossval.properties.backward_properties import (
     PROPERTIES,
     BackwardProperty,
     gqa_case,
+    tiny_do_cancelling_v_case,
 )
 from attention_crossval.testing.mutants import HuntResult, Mutation, mutated_module, run_hunt
 
@@ -101,6 +102,18 @@ BACKWARD_MUTANTS: dict[str, BackwardMutant] = {
             ),
             "float64_matches_exact",
             lambda: (gqa_case(),),
+        ),
+        BackwardMutant(
+            "dlse_sign_flipped",
+            "D = rowsum(dO * O) + dlse: the LSE's gradient enters dS with the wrong sign",
+            (
+                _edit(
+                    "D = D - case.dlse[b, h, :q_len].astype(acc)",
+                    "D = D + case.dlse[b, h, :q_len].astype(acc)",
+                ),
+            ),
+            "directional_derivative",
+            lambda: (tiny_do_cancelling_v_case(), "q", True, 1),
         ),
         BackwardMutant(
             "padding_read",
