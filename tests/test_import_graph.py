@@ -4,9 +4,10 @@ or the suite), so an adapter author can import it without the machinery that run
 
 The cycle check counts every import that can run, at module level or inside a function: an
 import moved into a function to break a cycle still hides one (two modules that need each
-other's pieces, whose shared piece belongs in a third). Function-local imports that remain are
-lazy on purpose (cutlass, triton, matplotlib, mpmath, hypothesis or pytest behind them, or a CLI
-subcommand's or the pytest plugin's start-up), none of them closes a cycle. The contract check
+other's pieces, whose shared piece belongs in a third). The function-local imports that remain
+close no cycle; most are lazy on purpose (cutlass, triton, matplotlib, mpmath, hypothesis or
+pytest behind them, the contract kept apart from the harness, a CLI subcommand's or the pytest
+plugin's start-up), a few light ones could move up. The contract check
 counts module-level imports only: what importing the contract runs. Imports under
 ``if TYPE_CHECKING:`` never run and count nowhere."""
 
