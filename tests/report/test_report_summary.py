@@ -13,9 +13,9 @@ import pytest
 
 from attention_crossval.reference.case import AttentionResult
 from attention_crossval.reference.compare import compare
+from attention_crossval.report.cells import fmt
 from attention_crossval.report.cli import main
 from attention_crossval.report.diff import diff_records, load_records
-from attention_crossval.report.markdown import fmt
 
 pytestmark = pytest.mark.cpu
 

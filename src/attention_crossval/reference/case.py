@@ -6,7 +6,6 @@ what a field means: a malformed case raises ``ValueError`` naming the field and 
 
 from __future__ import annotations
 
-import enum
 import math
 import os
 import re
@@ -15,6 +14,8 @@ from pathlib import Path
 
 import ml_dtypes
 import numpy as np
+
+from attention_crossval.reference.masks import CausalAlignment, hidden_keys
 
 # Element budget per array (q, k, v and the output o each) of a case or a report config: the
 # tiers' float64 copies of a larger case exhaust a workstation, so it is refused up front instead
@@ -157,13 +158,6 @@ def nonfinite_rows(array: np.ndarray) -> np.ndarray:
         chunk = bits[:, start : start + step]
         bad[:, start : start + step] = ((chunk & exponent) == exponent).any(axis=-1)
     return bad
-
-
-class CausalAlignment(enum.Enum):
-    """Where the causal diagonal sits when Sq != Sk; windows are relative to the same diagonal."""
-
-    BOTTOM_RIGHT = "bottom_right"  # FlashAttention: key j visible from query i iff j <= i + Sk - Sq
-    TOP_LEFT = "top_left"  # torch SDPA is_causal: key j visible from query i iff j <= i
 
 
 # The largest softmax_scale a case takes: 1/sqrt(D) is at most 1, and past this the softmax is
@@ -553,8 +547,6 @@ class AttentionCase:
                 positions = np.arange(array.shape[1])[None, :]
                 bad &= (positions < np.asarray(lengths)[:, None])[:, :, None]
             if bad.any() and name != "q":  # K/V behind a mask may hold anything, as padding
-                from attention_crossval.reference.masks import hidden_keys  # masks imports us
-
                 bad &= ~hidden_keys(self)
             if bad.any():
                 b, s, h = (int(i) for i in np.argwhere(bad)[0])

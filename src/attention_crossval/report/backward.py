@@ -34,7 +34,7 @@ from attention_crossval.kernel.harness.references_backward import (
 from attention_crossval.properties._strategies.gradients import GRADIENT_DISTRIBUTIONS, build_do
 from attention_crossval.reference.case import AttentionCase
 from attention_crossval.reference.gradients import BackwardCase
-from attention_crossval.report.markdown import fmt
+from attention_crossval.report.cells import first_line, fmt
 from attention_crossval.report.records import as_float
 
 PASSES = ("forward", "backward", "both")
@@ -169,9 +169,7 @@ def backward_cells(record: dict) -> list[str]:
     verdict = section["verdict"].upper() if section["verdict"] == "fail" else section["verdict"]
     verdict = f"{verdict} ({', '.join(checks)})" if checks else verdict
     if section["status"] != "ok":
-        from attention_crossval.report.summary import first_line  # the full text: below
-
-        message = first_line(section.get("message"))
+        message = first_line(section.get("message"))  # the full text: below
         return [config, kernel, verdict, message] + [""] * (len(BACKWARD_COLUMNS) - 4)
     pairs = {g: section["gradients"][g] for g in GRADIENTS}
     kernel_pairs = ("kernel_vs_exact", "kernel_vs_float64")

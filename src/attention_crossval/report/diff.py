@@ -14,7 +14,7 @@ import math
 from collections import Counter
 from pathlib import Path
 
-from attention_crossval.report.markdown import fmt
+from attention_crossval.report.cells import fmt
 from attention_crossval.report.records import as_float, read_records
 from attention_crossval.report.session import read_report
 

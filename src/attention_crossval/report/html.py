@@ -11,6 +11,7 @@ import base64
 import html
 
 from attention_crossval.report import plots
+from attention_crossval.report.cells import first_line
 from attention_crossval.report.markdown import (
     COLUMNS,
     KNOWN_COLUMNS,
@@ -21,12 +22,7 @@ from attention_crossval.report.markdown import (
     pair_rows,
     row_cells,
 )
-from attention_crossval.report.summary import (
-    SUMMARY_COLUMNS,
-    error_records,
-    first_line,
-    kernel_rows,
-)
+from attention_crossval.report.summary import SUMMARY_COLUMNS, error_records, kernel_rows
 
 _STYLE = """
 body { font-family: sans-serif; margin: 1.5em; color: #222; }

@@ -3,6 +3,10 @@
 
 from __future__ import annotations
 
+from attention_crossval.report.backward import backward_table
+from attention_crossval.report.cells import first_line, fmt
+from attention_crossval.report.summary import markdown_errors, markdown_summary
+
 PAIR_SHORT = {
     "kernel_vs_exact": "k/e",
     "kernel_vs_streaming": "k/s",
@@ -41,26 +45,11 @@ Verdict known: every failed check is a declared known finding of the kernel (lis
 table, with its reason and upstream link) and every tier pair passes."""
 
 
-def fmt(value, digits: int = 3) -> str:
-    """Compact number: 3 significant digits, ints as is, "-" for missing."""
-    if value is None:
-        return "-"
-    if isinstance(value, str):
-        return value
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, int):
-        return str(value)
-    return f"{value:.{digits}g}"
-
-
 def row_cells(record: dict) -> list[str]:
     """The table cells of one record (shared by the Markdown and HTML tables)."""
     config, kernel = record["config"]["name"], record["kernel"]["name"]
     if record["status"] != "ok" or record.get("primary_pair") not in record["pairs"]:
-        from attention_crossval.report.summary import first_line  # no forward pass
-
-        message = first_line(record.get("message"))  # an error's full text: below the table
+        message = first_line(record.get("message"))  # no forward pass; full text: below the table
         return [config, kernel, record["verdict"], message] + [""] * (len(COLUMNS) - 4)
     pair = record["pairs"][record["primary_pair"]]
     worst = record.get("worst") or {}
@@ -180,9 +169,6 @@ def input_class_lines(classes: dict[str, list[str]] | None) -> list[str]:
 
 
 def render_markdown(report: dict) -> str:
-    from attention_crossval.report.backward import backward_table
-    from attention_crossval.report.summary import markdown_errors, markdown_summary
-
     lines = ["# Attention kernel error report", ""]
     lines += [f"- {line}" for line in header_lines(report)]
     lines += ["", *markdown_summary(report["records"])]

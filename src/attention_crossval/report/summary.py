@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from attention_crossval.report.markdown import fmt
+from attention_crossval.report.cells import fmt
 from attention_crossval.report.records import as_float
 
 SUMMARY_COLUMNS = (
@@ -90,14 +90,6 @@ def error_records(records: list[dict]) -> list[tuple[str, str]]:
         if section.get("status") == "error" and section.get("message"):
             errors.append((f"{where} (backward)", section["message"]))
     return errors
-
-
-def first_line(message: str | None, limit: int = 120) -> str:
-    """A message as one table cell: its last non-empty line (a traceback's exception) cut to
-    ``limit`` characters, with no ``|``."""
-    lines = [line.strip() for line in (message or "").splitlines() if line.strip()]
-    text = (lines[-1] if lines else "").replace("|", "/")
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def markdown_summary(records: list[dict]) -> list[str]:

@@ -301,14 +301,14 @@ def test_report_rejects_an_unknown_pass(capsys: pytest.CaptureFixture[str]) -> N
 @pytest.mark.cpu
 def test_backward_checks_are_in_the_one_vocabulary() -> None:
     """Adapters' ``backward_checks`` use the forward's names; an unknown name is refused."""
-    from attention_crossval.kernel.adapters import flash_attn_cute_backward, sdpa, streaming
+    from attention_crossval.kernel.adapters import flash_attn_cute, sdpa, streaming
     from attention_crossval.kernel.contract.checks import ADAPTER_CHECKS
     from attention_crossval.kernel.harness.execution import backward_checks
 
     for adapter in (
         streaming.create(),
         sdpa.math(),
-        flash_attn_cute_backward.deterministic(),
+        flash_attn_cute.deterministic(),
         BrokenBackwardAdapter(),
     ):
         assert backward_checks(adapter) <= ADAPTER_CHECKS

@@ -42,7 +42,7 @@ run on the H200):
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from attention_crossval.kernel.adapters import _torch
@@ -306,3 +306,11 @@ def use_persistent_compile_cache() -> None:
 def create() -> FlashAttnCuteAdapter:
     use_persistent_compile_cache()
     return FlashAttnCuteAdapter()
+
+
+def deterministic() -> FlashAttnCuteAdapter:
+    """``flash-attn-cute`` with ``deterministic=True`` in the backward, declared bitwise
+    repeatable (its forward is the same)."""
+    use_persistent_compile_cache()
+    spec = replace(_spec(), name="flash-attn-cute-deterministic", backward_deterministic=True)
+    return FlashAttnCuteAdapter(spec=spec)

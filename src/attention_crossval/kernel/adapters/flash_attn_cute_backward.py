@@ -15,7 +15,6 @@ Varlen is ``seqused_q`` / ``seqused_k`` as in the forward; rows past them are no
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -100,19 +99,3 @@ class CuteBackward:
         torch.cuda.synchronize()
         writes = tuple(w for name, grad in grads.items() for w in grad.guard_writes(name))
         return Gradients(**{n: _torch.to_host(g.view) for n, g in grads.items()}), writes
-
-
-def deterministic() -> Any:
-    """``flash-attn-cute`` with ``deterministic=True`` in the backward, declared bitwise
-    repeatable (its forward is the same)."""
-    from attention_crossval.kernel.adapters.flash_attn_cute import (
-        FlashAttnCuteAdapter,
-        _spec,
-        use_persistent_compile_cache,
-    )
-
-    use_persistent_compile_cache()
-    spec = dataclasses.replace(
-        _spec(), name="flash-attn-cute-deterministic", backward_deterministic=True
-    )
-    return FlashAttnCuteAdapter(spec=spec)

@@ -31,7 +31,7 @@ BUILTIN: dict[str, tuple[str, str | tuple[str, ...] | None]] = {
     ),
     # the same kernel with deterministic=True in its backward (a backward-suite variant)
     "flash-attn-cute-deterministic": (
-        "attention_crossval.kernel.adapters.flash_attn_cute_backward:deterministic",
+        "attention_crossval.kernel.adapters.flash_attn_cute:deterministic",
         "flash_attn.cute",
     ),
     # torch.compile'd FlexAttention: a CUDA kernel (spec.device "cuda"), available with torch

@@ -41,6 +41,8 @@ O in column order, with P where the PV MMA reads it.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
@@ -53,6 +55,16 @@ from cutlass.tensor_utils import LayoutEnum
 
 from attention_crossval.kernel.own.common.host import attention_views, compile_on_fake_tensors
 from attention_crossval.kernel.own.common.mask import apply_mask, kv_block_range
+from attention_crossval.kernel.own.common.params import (
+    Mmas,
+    Output,
+    Participants,
+    SmemLayouts,
+    Tile,
+    TmaLoads,
+    TmaOperands,
+    tma_operands,
+)
 from attention_crossval.kernel.own.common.softmax import OnlineSoftmax
 
 DTYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16}
@@ -81,6 +93,31 @@ def row_view(fragment: cute.Tensor) -> cute.Tensor:
     n = cute.size(fragment)
     layout = cute.composition(fragment.layout, cute.make_layout((1, n), stride=(0, 1)))
     return cute.make_tensor(fragment.iterator, layout)
+
+
+class TmemTensors(NamedTuple):
+    """The one TMEM allocation's views: ``S`` (fp32 accumulator), ``P`` (the 16-bit PV A
+    operand aliasing S's upper half) and ``O`` (fp32 accumulator)."""
+
+    tStS: cute.Tensor
+    tOrP: cute.Tensor
+    tOtO: cute.Tensor
+
+
+class Handoffs(NamedTuple):
+    """The pipelines between the warp roles, both sides of each: ``s_*`` MMA warp -> softmax (S
+    is in TMEM; the softmax frees it once loaded), ``pv_*`` softmax and correction -> MMA warp
+    (P is in TMEM and O rescaled; the PV MMA's commit says P is consumed and O up to date),
+    ``stats_*`` softmax -> correction (per block the O rescale factor, at the end
+    ``1 / row_sum`` and the LSE, through ``sStats``)."""
+
+    s_mma: pipeline.PipelineProducer
+    s_softmax: pipeline.PipelineConsumer
+    pv_ready: pipeline.PipelineProducer
+    pv_mma_use: pipeline.PipelineConsumer
+    stats_put: pipeline.PipelineProducer
+    stats_get: pipeline.PipelineConsumer
+    sStats: cute.Tensor
 
 
 class FlashAttentionForwardSm100:
@@ -179,20 +216,11 @@ class FlashAttentionForwardSm100:
         self.shared_storage = SharedStorage
         grid = (cute.ceil_div(mQ.shape[0], TILE_M), mQ.shape[2], mQ.shape[3])
         self.kernel(
-            qk_mma,
-            pv_mma,
-            tma_q,
-            mQ_tma,
-            tma_k,
-            mK_tma,
-            tma_v,
-            mV_tma,
-            mO,
-            mLSE,
+            Mmas(qk_mma, pv_mma),
+            TmaLoads(tma_q, mQ_tma, tma_k, mK_tma, tma_v, mV_tma),
+            Output(mO, mLSE),
             scale_log2,
-            sQ_layout,
-            sK_layout,
-            sV_layout,
+            SmemLayouts(sQ_layout, sK_layout, sV_layout),
             tP_layout,
         ).launch(
             grid=grid,
@@ -206,22 +234,15 @@ class FlashAttentionForwardSm100:
     @cute.kernel
     def kernel(
         self,
-        qk_mma: cute.TiledMma,
-        pv_mma: cute.TiledMma,
-        tma_q: cute.CopyAtom,
-        mQ: cute.Tensor,
-        tma_k: cute.CopyAtom,
-        mK: cute.Tensor,
-        tma_v: cute.CopyAtom,
-        mV: cute.Tensor,
-        mO: cute.Tensor,
-        mLSE: cute.Tensor,
+        mmas: Mmas,
+        tma: TmaLoads,
+        out: Output,
         scale_log2: Float32,
-        sQ_layout: cute.ComposedLayout,
-        sK_layout: cute.ComposedLayout,
-        sV_layout: cute.ComposedLayout,
+        layouts: SmemLayouts,
         tP_layout: cute.ComposedLayout,
     ) -> None:
+        """One CTA, one query tile: the warp roles of the module docstring."""
+        qk_mma, pv_mma = mmas
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, batch = cute.arch.block_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -229,9 +250,9 @@ class FlashAttentionForwardSm100:
         row = tidx % WG_THREADS  # the query row (TMEM lane) of a softmax / correction thread
 
         storage = SmemAllocator().allocate(self.shared_storage)
-        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
-        sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
-        sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+        sQ = storage.sQ.get_tensor(layouts.q.outer, swizzle=layouts.q.inner)
+        sK = storage.sK.get_tensor(layouts.k.outer, swizzle=layouts.k.inner)
+        sV = storage.sV.get_tensor(layouts.v.outer, swizzle=layouts.v.inner)
         sStats = storage.stats.get_tensor(cute.make_layout(2 * TILE_M))
 
         def threads(n: int) -> pipeline.CooperativeGroup:
@@ -285,54 +306,27 @@ class FlashAttentionForwardSm100:
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
-        seqlen_q = mQ.shape[0]
-        seqlen_k = mK.shape[0]
-        _, n_block_max, _, n_block_unmasked = kv_block_range(
-            m_block, seqlen_q, seqlen_k, TILE_M, TILE_N, self.causal
-        )
+        ops = tma_operands(tma, sQ, sK, sV)
+        handoffs = Handoffs(s_mma, s_softmax, pv_ready, pv_mma_use, stats_put, stats_get, sStats)
+        seqlen_q = ops.mQ.shape[0]
+        seqlen_k = ops.mK.shape[0]
+        blocks = kv_block_range(m_block, seqlen_q, seqlen_k, TILE_M, TILE_N, self.causal)
+        tile = Tile(m_block, head, batch, seqlen_q, seqlen_k, blocks)
 
         if wg_idx == SOFTMAX_WG:
             cute.arch.setmaxregister_increase(self.regs_softmax)
             tmem.wait_for_alloc()
-            tStS, _, _ = self.tmem_tensors(qk_mma, pv_mma, tP_layout, tmem.retrieve_ptr(Float32))
-            self.softmax(
-                qk_mma,
-                tStS,
-                s_softmax,
-                pv_ready,
-                stats_put,
-                sStats,
-                scale_log2,
-                row,
-                m_block,
-                n_block_max,
-                n_block_unmasked,
-                seqlen_q,
-                seqlen_k,
-            )
+            tmem_views = self.tmem_tensors(qk_mma, pv_mma, tP_layout, tmem.retrieve_ptr(Float32))
+            self.softmax(qk_mma, tmem_views.tStS, handoffs, scale_log2, row, tile)
         if wg_idx == CORRECTION_WG:
             cute.arch.setmaxregister_decrease(self.regs_correction)
             tmem.allocate(TMEM_COLS)
             tmem.relinquish_alloc_permit()
             tmem.wait_for_alloc()
             tmem_ptr = tmem.retrieve_ptr(Float32)
-            _, _, tOtO = self.tmem_tensors(qk_mma, pv_mma, tP_layout, tmem_ptr)
-            self.correction(pv_mma, tOtO, pv_ready, stats_get, sStats, row, n_block_max)
-            self.epilogue(
-                pv_mma,
-                tOtO,
-                pv_ready,
-                stats_get,
-                sStats,
-                mO,
-                mLSE,
-                row,
-                m_block,
-                head,
-                batch,
-                n_block_max,
-                seqlen_q,
-            )
+            tOtO = self.tmem_tensors(qk_mma, pv_mma, tP_layout, tmem_ptr).tOtO
+            self.correction(pv_mma, tOtO, handoffs, row, tile.blocks[1])
+            self.epilogue(pv_mma, tOtO, handoffs, out, row, tile)
             # Every TMEM access is over: the last PV MMA completed (pv_ready acquired in the
             # epilogue) and this warpgroup's loads of O are done.
             pipeline.NamedBarrier(
@@ -343,46 +337,15 @@ class FlashAttentionForwardSm100:
             cute.arch.setmaxregister_decrease(self.regs_other)
             if warp_idx == MMA_WARP:
                 tmem.wait_for_alloc()
-                tStS, tOrP, tOtO = self.tmem_tensors(
+                tmem_views = self.tmem_tensors(
                     qk_mma, pv_mma, tP_layout, tmem.retrieve_ptr(Float32)
                 )
                 self.mma(
-                    qk_mma,
-                    pv_mma,
-                    sQ,
-                    sK,
-                    sV,
-                    tStS,
-                    tOrP,
-                    tOtO,
-                    q_use,
-                    k_use,
-                    v_use,
-                    s_mma,
-                    pv_mma_use,
-                    n_block_max,
-                )
+                    mmas, ops, tmem_views, Participants(q_use, k_use, v_use), handoffs,
+                    tile.blocks[1],
+                )  # fmt: skip
             if warp_idx == LOAD_WARP:
-                self.load(
-                    qk_mma,
-                    pv_mma,
-                    tma_q,
-                    mQ,
-                    sQ,
-                    tma_k,
-                    mK,
-                    sK,
-                    tma_v,
-                    mV,
-                    sV,
-                    q_load,
-                    k_load,
-                    v_load,
-                    m_block,
-                    head,
-                    batch,
-                    n_block_max,
-                )
+                self.load(mmas, ops, Participants(q_load, k_load, v_load), tile)
 
     @cute.jit
     def tmem_tensors(
@@ -391,7 +354,7 @@ class FlashAttentionForwardSm100:
         pv_mma: cute.TiledMma,
         tP_layout: cute.ComposedLayout,
         tmem_ptr: cute.Pointer,
-    ) -> tuple[cute.Tensor, cute.Tensor, cute.Tensor]:
+    ) -> TmemTensors:
         """``S`` (fp32 accumulator), ``P`` (16-bit PV A operand aliasing S's upper half) and
         ``O`` (fp32 accumulator) in the one TMEM allocation starting at ``tmem_ptr``. Their
         layouts are checked at trace time on CPU; never run (no SM100 GPU)."""
@@ -404,34 +367,17 @@ class FlashAttentionForwardSm100:
             None, None, None, 0
         ].layout
         tOrP = cute.make_tensor(cute.recast_ptr(tmem_ptr + P_COL, dtype=self.dtype), p_layout)
-        return tStS, tOrP, tOtO
+        return TmemTensors(tStS, tOrP, tOtO)
 
     @cute.jit
-    def load(
-        self,
-        qk_mma: cute.TiledMma,
-        pv_mma: cute.TiledMma,
-        tma_q: cute.CopyAtom,
-        mQ: cute.Tensor,
-        sQ: cute.Tensor,
-        tma_k: cute.CopyAtom,
-        mK: cute.Tensor,
-        sK: cute.Tensor,
-        tma_v: cute.CopyAtom,
-        mV: cute.Tensor,
-        sV: cute.Tensor,
-        q_load: pipeline.PipelineProducer,
-        k_load: pipeline.PipelineProducer,
-        v_load: pipeline.PipelineProducer,
-        m_block: Int32,
-        head: Int32,
-        batch: Int32,
-        n_block_max: Int32,
-    ) -> None:
-        """TMA warp: Q once (also for an empty tile, as the MMA warp waits for it only when
-        there is a block), then K and V of blocks ``n_block_max - 1`` down to 0. Rows past a
-        sequence end are zero-filled by the TMA unit. Never run (no SM100 GPU)."""
-        qk_thr, pv_thr = qk_mma.get_slice(0), pv_mma.get_slice(0)
+    def load(self, mmas: Mmas, ops: TmaOperands, producers: Participants, tile: Tile) -> None:
+        """TMA warp: Q once (only when the tile has a block: the MMA warp waits for it only
+        then), then K and V of blocks ``n_block_max - 1`` down to 0. Rows past a sequence end
+        are zero-filled by the TMA unit. Never run (no SM100 GPU)."""
+        tma_q, mQ, sQ, tma_k, mK, sK, tma_v, mV, sV = ops
+        q_load, k_load, v_load = producers
+        m_block, head, batch, n_block_max = tile.m_block, tile.head, tile.batch, tile.blocks[1]
+        qk_thr, pv_thr = mmas.qk.get_slice(0), mmas.pv.get_slice(0)
         gQ = cute.local_tile(mQ[None, None, head, batch], (TILE_M, self.head_dim), (m_block, 0))
         gK = cute.local_tile(mK[None, None, head, batch], (TILE_N, self.head_dim), (None, 0))
         gV = cute.local_tile(mV[None, None, head, batch], (self.head_dim, TILE_N), (0, None))
@@ -474,25 +420,22 @@ class FlashAttentionForwardSm100:
     @cute.jit
     def mma(
         self,
-        qk_mma: cute.TiledMma,
-        pv_mma: cute.TiledMma,
-        sQ: cute.Tensor,
-        sK: cute.Tensor,
-        sV: cute.Tensor,
-        tStS: cute.Tensor,
-        tOrP: cute.Tensor,
-        tOtO: cute.Tensor,
-        q_use: pipeline.PipelineConsumer,
-        k_use: pipeline.PipelineConsumer,
-        v_use: pipeline.PipelineConsumer,
-        s_mma: pipeline.PipelineProducer,
-        pv_mma_use: pipeline.PipelineConsumer,
+        mmas: Mmas,
+        ops: TmaOperands,
+        tmem_views: TmemTensors,
+        consumers: Participants,
+        handoffs: Handoffs,
         n_block_max: Int32,
     ) -> None:
         """MMA warp: per block ``S = Q K^T`` into TMEM, then, once softmax and correction are
         done with the block, ``O += P V`` (O overwritten by the first block). Never run (no
         SM100 GPU): the in-order execution of one thread's tcgen05 MMAs, which keeps the next
         QK MMA from overwriting P before the PV MMA read it, is assumed, not observed."""
+        qk_mma, pv_mma = mmas
+        sQ, sK, sV = ops.sQ, ops.sK, ops.sV
+        tStS, tOrP, tOtO = tmem_views
+        q_use, k_use, v_use = consumers
+        s_mma, pv_mma_use = handoffs.s_mma, handoffs.pv_mma_use
         tSrQ = qk_mma.make_fragment_A(sQ)
         tSrK = qk_mma.make_fragment_B(sK)
         tOrV = pv_mma.make_fragment_B(sV)
@@ -533,21 +476,18 @@ class FlashAttentionForwardSm100:
         self,
         qk_mma: cute.TiledMma,
         tStS: cute.Tensor,
-        s_softmax: pipeline.PipelineConsumer,
-        pv_ready: pipeline.PipelineProducer,
-        stats_put: pipeline.PipelineProducer,
-        sStats: cute.Tensor,
+        handoffs: Handoffs,
         scale_log2: Float32,
         row: Int32,
-        m_block: Int32,
-        n_block_max: Int32,
-        n_block_unmasked: Int32,
-        seqlen_q: Int32,
-        seqlen_k: Int32,
+        tile: Tile,
     ) -> None:
         """Softmax warpgroup, thread ``row`` owns query row ``row`` of the tile. The mask and
         softmax code is the one the SM90 kernel runs on the H200; the TMEM traffic around it
         never ran (no SM100 GPU)."""
+        s_softmax, pv_ready, stats_put = handoffs.s_softmax, handoffs.pv_ready, handoffs.stats_put
+        sStats = handoffs.sStats
+        m_block, seqlen_q, seqlen_k = tile.m_block, tile.seqlen_q, tile.seqlen_k
+        n_block_max, n_block_unmasked = tile.blocks[1], tile.blocks[3]
         s_load, tSt, tSc = self.s_load_partition(qk_mma, tStS, row)
         p_store, tPt, tPc = self.p_store_partition(qk_mma, tStS, row)
         softmax = OnlineSoftmax(1, 1, scale_log2)  # one row per thread, no lane reduction
@@ -598,15 +538,14 @@ class FlashAttentionForwardSm100:
         self,
         pv_mma: cute.TiledMma,
         tOtO: cute.Tensor,
-        pv_ready: pipeline.PipelineProducer,
-        stats_get: pipeline.PipelineConsumer,
-        sStats: cute.Tensor,
+        handoffs: Handoffs,
         row: Int32,
         n_block_max: Int32,
     ) -> None:
         """Correction warpgroup: before the PV MMA of every block but the first, ``O *= alpha``
         in TMEM for its row (skipped when no row of the warp changed its max: multiplying by
         exactly 1 changes nothing). Never run (no SM100 GPU)."""
+        pv_ready, stats_get, sStats = handoffs.pv_ready, handoffs.stats_get, handoffs.sStats
         o_load, o_store, tOt_load, tOt_store, tOc = self.o_partitions(pv_mma, tOtO, row)
         for i in cutlass.range(n_block_max, unroll=1):
             stats_handle = stats_get.wait_and_advance()
@@ -629,21 +568,18 @@ class FlashAttentionForwardSm100:
         self,
         pv_mma: cute.TiledMma,
         tOtO: cute.Tensor,
-        pv_ready: pipeline.PipelineProducer,
-        stats_get: pipeline.PipelineConsumer,
-        sStats: cute.Tensor,
-        mO: cute.Tensor,
-        mLSE: cute.Tensor,
+        handoffs: Handoffs,
+        out: Output,
         row: Int32,
-        m_block: Int32,
-        head: Int32,
-        batch: Int32,
-        n_block_max: Int32,
-        seqlen_q: Int32,
+        tile: Tile,
     ) -> None:
         """``O / row_sum`` (deferred normalization; 0 for empty rows, also when the tile had
         no block and TMEM holds garbage) to global memory, and the LSE, rows below
         ``seqlen_q`` only. Never run (no SM100 GPU)."""
+        pv_ready, stats_get, sStats = handoffs.pv_ready, handoffs.stats_get, handoffs.sStats
+        mO, mLSE = out.mO, out.mLSE
+        m_block, head, batch, seqlen_q = tile.m_block, tile.head, tile.batch, tile.seqlen_q
+        n_block_max = tile.blocks[1]
         o_load, _, tOt_load, _, tOc = self.o_partitions(pv_mma, tOtO, row)
         stats_handle = stats_get.wait_and_advance()
         inv_sum = sStats[row]

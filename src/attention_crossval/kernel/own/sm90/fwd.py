@@ -151,11 +151,19 @@ from attention_crossval.kernel.own.common.mask import (
     padded_key_rows,
     split_by_mask,
 )
+from attention_crossval.kernel.own.common.params import (
+    Mmas,
+    Output,
+    Participants,
+    SmemLayouts,
+    Tile,
+    TmaLoads,
+    TmaOperands,
+    tma_operands,
+)
 from attention_crossval.kernel.own.common.softmax import OnlineSoftmax, rescale_rows
 from attention_crossval.kernel.own.sm90.schedule import (
     Limits,
-    Tile,
-    key_extent,
     persistent_grid,
     persistent_tile,
     tile_for_block,
@@ -246,34 +254,44 @@ def fp8_p_layouts(acc_shape: tuple) -> tuple[cute.Layout, cute.Layout]:
     return as_s, as_a
 
 
-class TmaOperands(NamedTuple):
-    """Q, K and V: each one's TMA atom, its TMA view in global memory and its shared-memory
-    stages (the producer reads all three; the consumers the stages)."""
+class Descales(NamedTuple):
+    """FP8's float32 ``[B, Hkv]`` descales of q, k and v."""
 
-    tma_q: cute.CopyAtom
-    mQ: cute.Tensor
-    sQ: cute.Tensor
-    tma_k: cute.CopyAtom
-    mK: cute.Tensor
-    sK: cute.Tensor
-    tma_v: cute.CopyAtom
-    mV: cute.Tensor
-    sV: cute.Tensor
+    q: cute.Tensor
+    k: cute.Tensor
+    v: cute.Tensor
 
 
-class Output(NamedTuple):
-    """Where the epilogue writes: O, the LSE, and O's TMA store atom (``smem_epilogue`` without
-    varlen, else None)."""
+class Problem(NamedTuple):
+    """The launch's runtime values besides the tensors: the score scale ``scale_log2``, the
+    optional lengths and window (:class:`Limits`) and FP8's descales (or None)."""
 
-    mO: cute.Tensor
-    mLSE: cute.Tensor
-    tma_o: cute.CopyAtom | None
+    scale_log2: Float32
+    limits: Limits
+    descales: Descales | None
+
+
+class Scales(NamedTuple):
+    """One tile's scales: ``log2`` multiplies the scores in the exp2 domain (with FP8 q's and
+    k's descales folded in), ``v`` O at the normalization (FP8's v descale, else None)."""
+
+    log2: Float32
+    v: Float32 | None
+
+
+class ThreadIndex(NamedTuple):
+    """The thread's index in the CTA, and its warp's and warpgroup's (warp-uniform)."""
+
+    tidx: Int32
+    warp: Int32
+    warpgroup: Int32
 
 
 class OverlapFragments(NamedTuple):
     """The operands and accumulators :meth:`FlashAttentionForwardSm90.kv_loop_overlap` keeps
     across its loop: the WGMMA views of Q (its stage), K and V stages, the S and O accumulators,
-    and the score coordinates (``cS_mn`` of :meth:`FlashAttentionForwardSm90.mask_and_softmax`)."""
+    the score coordinates (``cS_mn`` of :meth:`FlashAttentionForwardSm90.mask_and_softmax`) and
+    the V stages themselves (the varlen path zeroes padded rows in them)."""
 
     tSrQ: cute.Tensor
     tSrK: cute.Tensor
@@ -281,6 +299,7 @@ class OverlapFragments(NamedTuple):
     acc_S: cute.Tensor
     acc_O: cute.Tensor
     cS_mn: tuple[cute.Tensor, tuple[Int32, Int32]]
+    sV: cute.Tensor
 
 
 class FlashAttentionForwardSm90:
@@ -480,29 +499,16 @@ class FlashAttentionForwardSm90:
             # with no tile at all runs zero loop iterations and exits (kernel docstring).
             num_tiles = grid[0] * grid[1] * grid[2]
             grid = (cutlass.max(cutlass.min(num_tiles, max_ctas), 1), 1, 1)
+        limits = Limits(seqused_q, seqused_k, (window_left, window_right))
+        fp8_descales = None
+        if cutlass.const_expr(q_descale is not None):
+            fp8_descales = Descales(q_descale, k_descale, v_descale)
         self.kernel(
-            qk_mma,
-            pv_mma,
-            tma_q,
-            mQ_tma,
-            tma_k,
-            mK_tma,
-            tma_v,
-            mV_tma,
-            mO,
-            mLSE,
-            scale_log2,
-            sQ_layout,
-            sK_layout,
-            sV_layout,
-            seqused_q,
-            seqused_k,
-            window_left,
-            window_right,
-            tma_o,
-            q_descale,
-            k_descale,
-            v_descale,
+            Mmas(qk_mma, pv_mma),
+            TmaLoads(tma_q, mQ_tma, tma_k, mK_tma, tma_v, mV_tma),
+            Output(mO, mLSE, tma_o),
+            Problem(scale_log2, limits, fp8_descales),
+            SmemLayouts(sQ_layout, sK_layout, sV_layout),
         ).launch(
             grid=grid,
             block=[self.num_threads, 1, 1],
@@ -515,47 +521,33 @@ class FlashAttentionForwardSm90:
     @cute.kernel
     def kernel(
         self,
-        qk_mma: cute.TiledMma,
-        pv_mma: cute.TiledMma,
-        tma_q: cute.CopyAtom,
-        mQ: cute.Tensor,
-        tma_k: cute.CopyAtom,
-        mK: cute.Tensor,
-        tma_v: cute.CopyAtom,
-        mV: cute.Tensor,
-        mO: cute.Tensor,
-        mLSE: cute.Tensor,
-        scale_log2: Float32,
-        sQ_layout: cute.ComposedLayout,
-        sK_layout: cute.ComposedLayout,
-        sV_layout: cute.ComposedLayout,
-        seqused_q: cute.Tensor | None,
-        seqused_k: cute.Tensor | None,
-        window_left: Int32 | None,
-        window_right: Int32 | None,
-        tma_o: cute.CopyAtom | None,
-        q_descale: cute.Tensor | None,
-        k_descale: cute.Tensor | None,
-        v_descale: cute.Tensor | None,
+        mmas: Mmas,
+        tma: TmaLoads,
+        out: Output,
+        problem: Problem,
+        layouts: SmemLayouts,
     ) -> None:
+        """One CTA: its query tile (or, ``persistent``, its walk over tiles), the load warp and
+        the consumer warpgroups."""
         tidx, _, _ = cute.arch.thread_idx()
         block_x, head, batch = cute.arch.block_idx()
         # The query tile: blockIdx.x, or reversed (longest_first, only where the tiles' work
         # differs: causal or windowed). Every later use of the tile reads this one m_block.
         m_block = block_x
-        lpt = self.longest_first and (self.causal or window_left is not None)
+        limits = problem.limits
+        lpt = self.longest_first and (self.causal or limits.window[0] is not None)
         if cutlass.const_expr(lpt and not self.persistent):
             m_block = tile_for_block(block_x, cute.arch.grid_dim()[0], True)
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg_idx = cute.arch.make_warp_uniform(tidx // WG_THREADS)
 
         storage = SmemAllocator().allocate(self.shared_storage)
-        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
-        sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
-        sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+        sQ = storage.sQ.get_tensor(layouts.q.outer, swizzle=layouts.q.inner)
+        sK = storage.sK.get_tensor(layouts.k.outer, swizzle=layouts.k.inner)
+        sV = storage.sV.get_tensor(layouts.v.outer, swizzle=layouts.v.inner)
 
-        producer = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
-        consumers = pipeline.CooperativeGroup(
+        producer_group = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
+        consumer_group = pipeline.CooperativeGroup(
             pipeline.Agent.Thread, self.num_consumer_wg * (WG_THREADS // 32)
         )
 
@@ -563,8 +555,8 @@ class FlashAttentionForwardSm90:
             return pipeline.PipelineTmaAsync.create(
                 barrier_storage=barriers.data_ptr(),
                 num_stages=num_stages,
-                producer_group=producer,
-                consumer_group=consumers,
+                producer_group=producer_group,
+                consumer_group=consumer_group,
                 tx_count=tx_count,
                 defer_sync=True,
             ).make_participants()
@@ -575,63 +567,59 @@ class FlashAttentionForwardSm90:
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
-        ops = TmaOperands(tma_q, mQ, sQ, tma_k, mK, sK, tma_v, mV, sV)
-        out = Output(mO, mLSE, tma_o)
-        limits = Limits(seqused_q, seqused_k, (window_left, window_right))
+        ops = tma_operands(tma, sQ, sK, sV)
+        producers = Participants(q_load, k_load, v_load)
+        consumers = Participants(q_use, k_use, v_use)
         if cutlass.const_expr(self.persistent):
             self.run_persistent(
-                ops, out, limits, scale_log2, qk_mma, pv_mma, (q_load, k_load, v_load),
-                (q_use, k_use, v_use), warp_idx, wg_idx, tidx,
-            )  # fmt: skip
+                mmas, ops, out, problem, producers, consumers, ThreadIndex(tidx, warp_idx, wg_idx)
+            )
         else:
+            mQ, mK = ops.mQ, ops.mK
             tile = tile_work(
                 m_block, head, batch, mQ, mK, limits, (self.tile_m, self.tile_n), self.causal
             )
             kv_head = head // (mQ.shape[2] // mK.shape[2])
-            extent_k = key_extent(mK, seqused_k)
-            v_scale = None
-            if cutlass.const_expr(q_descale is not None):
+            scales = Scales(problem.scale_log2, None)
+            if cutlass.const_expr(problem.descales is not None):
                 # FP8: S of the raw values takes q's and k's descales in its scale; O takes
                 # v's at the normalization (per batch and kv head).
-                scale_log2 = scale_log2 * (q_descale[batch, kv_head] * k_descale[batch, kv_head])
-                v_scale = v_descale[batch, kv_head]
+                descale_q, descale_k, descale_v = problem.descales
+                scales = Scales(
+                    problem.scale_log2 * (descale_q[batch, kv_head] * descale_k[batch, kv_head]),
+                    descale_v[batch, kv_head],
+                )
 
             if wg_idx == 0:
                 cute.arch.setmaxregister_decrease(self.regs_load)
                 if warp_idx == 0:
-                    self.load(ops, q_load, k_load, v_load, tile, kv_head)
+                    self.load(ops, producers, tile, kv_head)
             else:
                 cute.arch.setmaxregister_increase(self.regs_consumer)
-                self.consume(
-                    qk_mma, pv_mma, ops, q_use, k_use, v_use, out, scale_log2,
-                    tidx - WG_THREADS, tile, extent_k, limits.window, v_scale,
-                )  # fmt: skip
+                self.consume(mmas, ops, consumers, out, scales, tidx - WG_THREADS, tile)
 
     @cute.jit
     def run_persistent(
         self,
+        mmas: Mmas,
         ops: TmaOperands,
         out: Output,
-        limits: Limits,
-        scale_log2: Float32,
-        qk_mma: cute.TiledMma,
-        pv_mma: cute.TiledMma,
-        loads: tuple[pipeline.PipelineProducer, ...],
-        uses: tuple[pipeline.PipelineConsumer, ...],
-        warp_idx: Int32,
-        wg_idx: Int32,
-        tidx: Int32,
+        problem: Problem,
+        producers: Participants,
+        consumers: Participants,
+        thread: ThreadIndex,
     ) -> None:
         """``persistent``: the producer warp and every consumer thread walk the same linear
         tiles ``blockIdx.x, blockIdx.x + gridDim.x, ...`` below ``num_tiles`` (none at all when
         ``blockIdx.x >= num_tiles``), decoded by :func:`persistent_tile`; per tile the producer
         runs :meth:`load` and the consumers :meth:`consume` (fresh softmax state, O and masks;
-        they release the Q stage at its end), exactly as the one-tile kernel does. ``loads`` and
-        ``uses`` are the Q, K and V pipeline participants of each role, rebound from each call,
-        so the DSL carries their states (stage index, phase) from one tile to the next (module
-        docstring: why every wait has its arrive)."""
-        q_load, k_load, v_load = loads
-        q_use, k_use, v_use = uses
+        they release the Q stage at its end), exactly as the one-tile kernel does.
+        ``producers`` and ``consumers`` are the Q, K and V pipeline participants of each role,
+        rebound from each call, so the DSL carries their states (stage index, phase) from one
+        tile to the next (module docstring: why every wait has its arrive)."""
+        tidx, warp_idx, wg_idx = thread
+        limits = problem.limits
+        scales = Scales(problem.scale_log2, None)  # no FP8 here: no descales
         mQ, mK = ops.mQ, ops.mK
         # Longest-first wherever the tiles' work differs (causal or windowed), with or without
         # the longest_first knob; uniform tiles keep the grid's natural order.
@@ -642,7 +630,6 @@ class FlashAttentionForwardSm90:
         first_tile = cute.arch.block_idx()[0]
         num_ctas = cute.arch.grid_dim()[0]
         group = grid.num_heads // mK.shape[2]  # query heads per kv head
-        extent_k = key_extent(mK, limits.seqused_k)
         tile_shape = (self.tile_m, self.tile_n)
         if wg_idx == 0:
             cute.arch.setmaxregister_decrease(self.regs_load)
@@ -653,9 +640,7 @@ class FlashAttentionForwardSm90:
                         grid.longest_first,
                     )  # fmt: skip
                     tile = tile_work(m_block, head, batch, mQ, mK, limits, tile_shape, self.causal)
-                    q_load, k_load, v_load = self.load(
-                        ops, q_load, k_load, v_load, tile, head // group
-                    )
+                    producers = self.load(ops, producers, tile, head // group)
         else:
             cute.arch.setmaxregister_increase(self.regs_consumer)
             for linear in cutlass.range(first_tile, grid.num_tiles, num_ctas, unroll=1):
@@ -664,21 +649,12 @@ class FlashAttentionForwardSm90:
                     grid.longest_first,
                 )  # fmt: skip
                 tile = tile_work(m_block, head, batch, mQ, mK, limits, tile_shape, self.causal)
-                q_use, k_use, v_use = self.consume(
-                    qk_mma, pv_mma, ops, q_use, k_use, v_use, out, scale_log2,
-                    tidx - WG_THREADS, tile, extent_k, limits.window,
-                )  # fmt: skip
+                consumers = self.consume(mmas, ops, consumers, out, scales, tidx - WG_THREADS, tile)
 
     @cute.jit
     def load(
-        self,
-        ops: TmaOperands,
-        q_load: pipeline.PipelineProducer,
-        k_load: pipeline.PipelineProducer,
-        v_load: pipeline.PipelineProducer,
-        tile: Tile,
-        kv_head: Int32,
-    ) -> tuple[pipeline.PipelineProducer, pipeline.PipelineProducer, pipeline.PipelineProducer]:
+        self, ops: TmaOperands, producers: Participants, tile: Tile, kv_head: Int32
+    ) -> Participants:
         """Producer warp: Q once (even for an empty tile, the consumers wait for it), then K and
         V of kv head ``kv_head``, blocks ``n_block_max - 1`` down to ``n_block_min``, in the
         order the consumers wait for them: ``K_j, V_j`` per block, or with ``overlap`` (whose
@@ -686,6 +662,7 @@ class FlashAttentionForwardSm90:
         stage is refilled without first waiting for the V release of the step before. Rows past
         the tensor's end are zero-filled by the TMA unit (the box is clipped to its extent).
         Returns the three producers (advanced), for the persistent loop to carry."""
+        q_load, k_load, v_load = producers
         tma_q, mQ, sQ, tma_k, mK, sK, tma_v, mV, sV = ops
         m_block, head, batch = tile.m_block, tile.head, tile.batch
         n_block_min, n_block_max = tile.blocks[0], tile.blocks[1]
@@ -720,7 +697,7 @@ class FlashAttentionForwardSm90:
             for i in cutlass.range(num_blocks, unroll=1):
                 k_load = self.load_block(tma_k, tKgK, tKsK, k_load, n_block_max - 1 - i)
                 v_load = self.load_block(tma_v, tVgV, tVsV, v_load, n_block_max - 1 - i)
-        return q_load, k_load, v_load
+        return Participants(q_load, k_load, v_load)
 
     @cute.jit
     def load_block(
@@ -746,25 +723,20 @@ class FlashAttentionForwardSm90:
     @cute.jit
     def consume(
         self,
-        qk_mma: cute.TiledMma,
-        pv_mma: cute.TiledMma,
+        mmas: Mmas,
         ops: TmaOperands,
-        q_use: pipeline.PipelineConsumer,
-        k_use: pipeline.PipelineConsumer,
-        v_use: pipeline.PipelineConsumer,
+        consumers: Participants,
         out: Output,
-        scale_log2: Float32,
+        scales: Scales,
         tidx: Int32,
         tile: Tile,
-        extent_k: Int32 | None,
-        window: tuple[Int32 | None, Int32 | None],
-        v_scale: Float32 | None = None,
-    ) -> tuple[pipeline.PipelineConsumer, pipeline.PipelineConsumer, pipeline.PipelineConsumer]:
+    ) -> Participants:
         """Consumer warpgroups: the KV loop (QK^T, mask, online softmax, rescale, PV), then
         (``persistent``) the release of the Q stage, then the epilogue; returns the three
         consumers (advanced), for the persistent loop to carry. ``tidx`` counts from the first
-        consumer thread; ``extent_k`` (varlen only) is the rows of the K/V tensors; ``v_scale``
-        (FP8 with descales) multiplies O at the normalization."""
+        consumer thread."""
+        qk_mma, pv_mma = mmas
+        q_use, k_use, v_use = consumers
         sQ, sK, sV = ops.sQ, ops.sK, ops.sV
         n_block_min, n_block_max = tile.blocks[0], tile.blocks[1]
         qk_thr = qk_mma.get_slice(tidx)
@@ -792,7 +764,7 @@ class FlashAttentionForwardSm90:
         cS_mn = (cS0, (own[0] - cS0[0, 0][0], own[1] - cS0[0, 0][1]))
         num_rows = cute.size(acc_O_mn, mode=[0])
         softmax = OnlineSoftmax(
-            num_rows, 4, scale_log2, max_offset_log2=self.max_offset_log2,
+            num_rows, 4, scales.log2, max_offset_log2=self.max_offset_log2,
             rescale_threshold_log2=self.rescale_threshold_log2,
         )  # fmt: skip
         alpha = cute.make_rmem_tensor(cute.make_layout(num_rows), Float32)
@@ -806,11 +778,11 @@ class FlashAttentionForwardSm90:
                 qk_thr.make_fragment_C(acc_S_shape),
                 acc_O,
                 cS_mn,
+                sV,
             )
             k_use, v_use = self.kv_loop_overlap(
-                qk_mma, pv_mma, fragments, sV, k_use, v_use, softmax, alpha, tidx, tile,
-                extent_k, window,
-            )  # fmt: skip
+                mmas, fragments, (k_use, v_use), softmax, alpha, tidx, tile
+            )
         else:
             for i in cutlass.range(n_block_max - n_block_min, unroll=1):
                 n_block = n_block_max - 1 - i
@@ -822,13 +794,13 @@ class FlashAttentionForwardSm90:
                 warpgroup.wait_group(0)
                 k_handle.release()
 
-                self.mask_and_softmax(acc_S, cS_mn, softmax, alpha, n_block, tile, window)
+                self.mask_and_softmax(acc_S, cS_mn, softmax, alpha, n_block, tile)
                 rescale_rows(acc_O_mn, alpha)
                 rP, tOrP = self.p_fragments(acc_S)
                 self.store_p(rP, tOrP, acc_S)
 
                 v_handle = v_use.wait_and_advance()
-                self.guard_v_padding(sV, v_handle.index, n_block, tile.seqlen_k, extent_k, tidx)
+                self.guard_v_padding(sV, v_handle.index, n_block, tile, tidx)
                 pv_mma = self.pv_gemm(pv_mma, acc_O, tOrP, tOrV, v_handle.index)
                 warpgroup.wait_group(0)
                 v_handle.release()
@@ -841,24 +813,19 @@ class FlashAttentionForwardSm90:
         if cutlass.const_expr(self.smem_epilogue):
             self.epilogue_smem(softmax, acc_O, pv_mma, sQ[None, None, 0], out, tidx, tile)
         else:
-            self.epilogue(softmax, acc_O, pv_thr, out, tidx, tile, v_scale)
-        return q_use, k_use, v_use
+            self.epilogue(softmax, acc_O, pv_thr, out, tidx, tile, scales.v)
+        return Participants(q_use, k_use, v_use)
 
     @cute.jit
     def kv_loop_overlap(
         self,
-        qk_mma: cute.TiledMma,
-        pv_mma: cute.TiledMma,
+        mmas: Mmas,
         fragments: OverlapFragments,
-        sV: cute.Tensor,
-        k_use: pipeline.PipelineConsumer,
-        v_use: pipeline.PipelineConsumer,
+        kv_uses: tuple[pipeline.PipelineConsumer, pipeline.PipelineConsumer],
         softmax: OnlineSoftmax,
         alpha: cute.Tensor,
         tidx: Int32,
         tile: Tile,
-        extent_k: Int32 | None,
-        window: tuple[Int32 | None, Int32 | None],
     ) -> tuple[pipeline.PipelineConsumer, pipeline.PipelineConsumer]:
         """The KV loop with intra-warpgroup overlap (``overlap=True``): the softmax of block
         ``j + 1`` runs while the tensor cores do ``O += P_j V_j``.
@@ -878,11 +845,14 @@ class FlashAttentionForwardSm90:
         Pipeline waits stay in this function's own regions, so the DSL carries their states
         through the dynamic ``if`` and ``for``. With ``pingpong`` each step waits for K and V
         (and zeroes V padding) first, then takes its turn to issue both GEMMs (module
-        docstring). Returns ``k_use`` and ``v_use`` as this function's regions left them (the
-        DSL rebinds the names here, not the caller's objects), for the persistent loop."""
-        tSrQ, tSrK, tOrV, acc_S, acc_O, cS_mn = fragments
+        docstring). ``kv_uses`` are the K and V consumers; returns them as this function's
+        regions left them (the DSL rebinds the names here, not the caller's objects), for the
+        persistent loop."""
+        qk_mma, pv_mma = mmas
+        k_use, v_use = kv_uses
+        tSrQ, tSrK, tOrV, acc_S, acc_O, cS_mn, sV = fragments
         n_block_min, n_block_max, n_unmasked_min, n_unmasked_max = tile.blocks
-        seqlen_k = tile.seqlen_k
+        window = tile.window
         acc_O_mn = acc_rows_cols(acc_O)
         rP, tOrP = self.p_fragments(acc_S)
         wg = cute.arch.make_warp_uniform(tidx // WG_THREADS)  # consumer warpgroup, 0, 1 (, 2)
@@ -897,7 +867,7 @@ class FlashAttentionForwardSm90:
             qk_mma = self.qk_gemm(qk_mma, acc_S, tSrQ, tSrK, k_handle.index)
             warpgroup.wait_group(0)
             k_handle.release()
-            self.mask_and_softmax(acc_S, cS_mn, softmax, alpha, n_block_max - 1, tile, window)
+            self.mask_and_softmax(acc_S, cS_mn, softmax, alpha, n_block_max - 1, tile)
             self.store_p(rP, tOrP, acc_S)
         # The other blocks, hi - 1 down to n_block_min, in three loops so that no branch on the
         # mask sits between wait_group(1) and wait_group(0) (ptxas schedules the wait to the
@@ -917,7 +887,7 @@ class FlashAttentionForwardSm90:
                 if cutlass.const_expr(not self.pingpong):
                     qk_mma = self.qk_gemm(qk_mma, acc_S, tSrQ, tSrK, k_handle.index)
                 v_handle = v_use.wait_and_advance()
-                self.guard_v_padding(sV, v_handle.index, n_block + 1, seqlen_k, extent_k, tidx)
+                self.guard_v_padding(sV, v_handle.index, n_block + 1, tile, tidx)
                 if cutlass.const_expr(self.pingpong):
                     # This warpgroup's turn to issue (the other one is in its softmax); the
                     # zeroed V rows' barrier above stays outside the turn (both groups meet it).
@@ -932,14 +902,14 @@ class FlashAttentionForwardSm90:
                     )
                 warpgroup.wait_group(1)
                 k_handle.release()
-                self.mask_and_softmax(acc_S, cS_mn, softmax, alpha, n_block, tile, window, masked)
+                self.mask_and_softmax(acc_S, cS_mn, softmax, alpha, n_block, tile, masked)
                 warpgroup.wait_group(0)
                 v_handle.release()
                 rescale_rows(acc_O_mn, alpha)
                 self.store_p(rP, tOrP, acc_S)
         if n_block_max > n_block_min:
             v_handle = v_use.wait_and_advance()
-            self.guard_v_padding(sV, v_handle.index, n_block_min, seqlen_k, extent_k, tidx)
+            self.guard_v_padding(sV, v_handle.index, n_block_min, tile, tidx)
             pv_mma = self.pv_gemm(pv_mma, acc_O, tOrP, tOrV, v_handle.index)
             warpgroup.wait_group(0)
             v_handle.release()
@@ -1013,7 +983,6 @@ class FlashAttentionForwardSm90:
         alpha: cute.Tensor,
         n_block: Int32,
         tile: Tile,
-        window: tuple[Int32 | None, Int32 | None],
         masked: cutlass.Constexpr[bool | None] = None,
     ) -> None:
         """The mask on block ``n_block`` when it needs one, then the online softmax: ``S``
@@ -1022,6 +991,7 @@ class FlashAttentionForwardSm90:
         ``masked`` None decides at run time (:func:`block_needs_mask`, a branch); True or False
         is the caller's compile-time choice (:func:`split_by_mask`)."""
         acc_S_mn = acc_rows_cols(acc_S)
+        window = tile.window
         needs_mask = masked
         if cutlass.const_expr(masked is None):
             needs_mask = block_needs_mask(
@@ -1047,15 +1017,14 @@ class FlashAttentionForwardSm90:
         sV: cute.Tensor,
         v_stage: Int32,
         n_block: Int32,
-        seqlen_k: Int32,
-        extent_k: Int32 | None,
+        tile: Tile,
         tidx: Int32,
     ) -> None:
-        """Varlen only (``extent_k`` given): zero the V rows of block ``n_block`` (in stage
-        ``v_stage``) past ``seqlen_k`` and inside the tensor, before a PV WGMMA reads them:
-        NaN padding must not meet ``P = 0``."""
-        if cutlass.const_expr(extent_k is not None):
-            pad_start, pad_end = padded_key_rows(n_block, seqlen_k, extent_k, self.tile_n)
+        """Varlen only (``tile.extent_k`` given): zero the V rows of block ``n_block`` (in stage
+        ``v_stage``) past the tile's ``seqlen_k`` and inside the tensor, before a PV WGMMA reads
+        them: NaN padding must not meet ``P = 0``."""
+        if cutlass.const_expr(tile.extent_k is not None):
+            pad_start, pad_end = padded_key_rows(n_block, tile.seqlen_k, tile.extent_k, self.tile_n)
             if pad_start < pad_end:
                 self.zero_rows(sV[None, None, v_stage], pad_start, pad_end, tidx)
 

@@ -19,6 +19,7 @@ import cutlass.cute as cute
 from cutlass import Int32
 
 from attention_crossval.kernel.own.common.mask import kv_block_range
+from attention_crossval.kernel.own.common.params import Tile
 
 # persistent + longest-first: the (batch, head) pairs are walked in sections whose K and V fit
 # together in about this many bytes of L2 (FlashAttention's LPT swizzle), so that the CTAs
@@ -33,18 +34,6 @@ class Limits(NamedTuple):
     seqused_q: cute.Tensor | None
     seqused_k: cute.Tensor | None
     window: tuple[Int32 | None, Int32 | None]
-
-
-class Tile(NamedTuple):
-    """One query tile's work: its coordinates, its batch's lengths and the KV blocks it visits
-    (:func:`kv_block_range`: ``n_block_min, n_block_max, n_unmasked_min, n_unmasked_max``)."""
-
-    m_block: Int32
-    head: Int32
-    batch: Int32
-    seqlen_q: Int32
-    seqlen_k: Int32
-    blocks: tuple[Int32, Int32, Int32, Int32]
 
 
 class PersistentGrid(NamedTuple):
@@ -145,9 +134,11 @@ def tile_work(
     causal: bool,
 ) -> Tile:
     """Query tile ``m_block`` of ``(head, batch)`` of ``tile_shape = (tile_m, tile_n)``: the
-    tensors' lengths, or the batch's ``seqused_q/k``, and :func:`kv_block_range`'s answer."""
+    tensors' lengths, or the batch's ``seqused_q/k``, :func:`kv_block_range`'s answer, and the
+    limits' key bounds (:func:`key_extent`, the window)."""
     seqlen_q, seqlen_k = mQ.shape[0], mK.shape[0]
     if cutlass.const_expr(limits.seqused_q is not None):
         seqlen_q, seqlen_k = limits.seqused_q[batch], limits.seqused_k[batch]
     blocks = kv_block_range(m_block, seqlen_q, seqlen_k, *tile_shape, causal, *limits.window)
-    return Tile(m_block, head, batch, seqlen_q, seqlen_k, blocks)
+    extent_k = key_extent(mK, limits.seqused_k)
+    return Tile(m_block, head, batch, seqlen_q, seqlen_k, blocks, extent_k, limits.window)
