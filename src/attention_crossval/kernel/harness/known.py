@@ -50,7 +50,8 @@ def covering(
 def run_with_known(adapter: KernelAdapter, case: AttentionCase, **kwargs: Any) -> Verdict:
     """``kernel.harness.forward.run_case``; when every finding is known and one is ``padding-read``,
     the case runs again with zero padding and without that check, so the checks it blocked
-    (``bound``, ``lse``, empty rows) still apply. The known findings stay in the verdict."""
+    (``bound``, ``lse``, empty rows) still apply. The known findings stay in the verdict, after
+    the rerun's (a failure leads with what is not known)."""
     verdict = run_case(adapter, case, **kwargs)
     known = covering(adapter.spec, case, verdict.findings)
     if not any(k.check == _PLANTED for k in known):
@@ -60,7 +61,7 @@ def run_with_known(adapter: KernelAdapter, case: AttentionCase, **kwargs: Any) -
     return replace(
         again,
         case=verdict.case,
-        findings=planted + again.findings,
+        findings=again.findings + planted,
         applied=verdict.applied | again.applied,
         seconds=verdict.seconds + again.seconds,
     )
@@ -75,7 +76,8 @@ def run_backward_with_known(
     apply to the rest: zero padding for ``padding-read``; for ``zero-grad``, dO = 0 on the rows
     that see no key (a kernel's garbage P on such a row then meets a zero upstream gradient, so
     it cannot reach dk/dv, while its dq there is still held to 0 by the bound). The verdict
-    holds the known findings of the first run and every finding of the rerun."""
+    holds every finding of the rerun, then the known findings of the first run (a failure
+    leads with what is not known)."""
     verdict = run_backward_case(adapter, case, **kwargs)
     known = _known_checks(adapter.spec, case.forward, backward=True) & _RERUNNABLE
     removed: set[str] = set()
@@ -91,7 +93,7 @@ def run_backward_with_known(
             again = without_empty_row_gradient(again)
         verdict = run_backward_case(adapter, again, skip_checks=frozenset(removed), **kwargs)
         seconds += verdict.seconds
-    return replace(verdict, findings=tuple(carried) + verdict.findings, seconds=seconds)
+    return replace(verdict, findings=verdict.findings + tuple(carried), seconds=seconds)
 
 
 def _known_checks(spec: KernelSpec, case: AttentionCase, *, backward: bool) -> set[str]:
