@@ -108,6 +108,7 @@ import numpy as np
 
 from attention_crossval.reference.case import FP8_DTYPES, AttentionCase, AttentionResult
 from attention_crossval.reference.masks import visible
+from attention_crossval.reference.mma import MMA_STEP
 from attention_crossval.reference.precision import LN_2, LOG2_E, StreamingPrecision, fp8_max
 
 KV_ORDERS = ("forward", "reverse", "any")
@@ -159,6 +160,8 @@ class _Chain:
     offset: float  # max_offset_log2: P scaled by 2^offset before its (FP8) rounding
     saturates: bool  # an FP8 P can clamp: max_offset + threshold > log2(fp8 max)
     offset_clamps: bool  # it clamps even with a fresh max: 2^max_offset > fp8 max
+    u_mma: float  # one cut of the FP8 MMA's narrow accumulator, relative; 0: fp32 accumulation
+    promotion: int | None  # products per partial sum added in fp32; None: the chain never ends
 
     @classmethod
     def of(
@@ -197,7 +200,41 @@ class _Chain:
             offset=precision.max_offset_log2,
             saturates=precision.can_saturate,
             offset_clamps=p in FP8_DTYPES and 2.0**precision.max_offset_log2 > fp8_max(p),
+            u_mma=_mma_unit(precision),
+            promotion=precision.mma_promotion_interval,
         )
+
+
+def _mma_unit(precision: StreamingPrecision) -> float:
+    """Relative error of one cut to ``mma_accumulator_bits`` significant bits: ``2^(1 - bits)``
+    truncating, ``2^-bits`` to nearest (0 without a narrow accumulator)."""
+    bits = precision.mma_accumulator_bits
+    if bits is None:
+        return 0.0
+    return 2.0 ** (1 - bits) if precision.mma_accumulator_rounding == "truncate" else 2.0**-bits
+
+
+def mma_error(
+    chain: _Chain, products: int, steps: int, fp32_ops: int, u_fp32: float, group: int
+) -> float:
+    """Relative error, in units of ``sum_i |a_i b_i|``, of an MMA reduction of ``products``
+    terms in ``steps`` MMA steps whose fp32 accumulator rounds ``fp32_ops`` times (unit
+    ``u_fp32``); ``group`` caps a promoted partial sum (a K block). docs/fp8.md#mma-accumulation:
+
+    * fp32 accumulation: ``gamma_{fp32_ops}(u_fp32)``;
+    * never promoted: every product, every incoming accumulator and every step's sum is cut
+      once, each by at most ``u_mma`` times the largest magnitude in play:
+      ``gamma_{fp32_ops + 2 steps}(max(u_mma, u_fp32))``;
+    * promoted every ``k`` products (``n = min(k, group)``): ``(1 + gamma_{n + 2
+      ceil(n / MMA_STEP)}(u_mma)) (1 + gamma_{fp32_ops}(u_fp32)) - 1``.
+    """
+    if chain.u_mma == 0:
+        return float(gamma(fp32_ops, u_fp32))
+    if chain.promotion is None:
+        return float(gamma(fp32_ops + 2 * steps, max(chain.u_mma, u_fp32)))
+    n = min(chain.promotion, group, products)
+    inner = gamma(n + 2 * -(-n // MMA_STEP), chain.u_mma)
+    return float((1 + inner) * (1 + gamma(fp32_ops, u_fp32)) - 1)
 
 
 @dataclass
@@ -252,6 +289,8 @@ def error_bound(
             f"{(case.B, case.Sq, case.Hq, case.Dv)}"
         )
     n = case.Sk + 2 * _num_blocks(case, block_n) + (case.sink is not None) + chain.num_splits
+    steps = -(-case.Sk // MMA_STEP) + _num_blocks(case, block_n)  # P V's MMA steps, at most
+    pv_error = mma_error(chain, case.Sk, steps, n, chain.u_pv, block_n)
     bound = np.zeros_like(ref_o)
     values = {}  # kv head -> _Values of the current batch: converted once, not per row chunk
     # An extreme case (a scale of 1e18) overflows the evaluation: inf - inf is NaN, mapped to
@@ -271,7 +310,7 @@ def error_bound(
             if np.isnan(o).any():
                 o = np.where(np.isnan(o), chunk.p @ v / l_safe, o)
             p_mma = chunk.p + chunk.w_common + chunk.w_p  # >= |P~_j| entering P V
-            rest = (chunk.w_p + gamma(n, chain.u_pv) * p_mma) @ value.abs_v
+            rest = (chunk.w_p + pv_error * p_mma) @ value.abs_v
             numerator = _weighted_abs_dev(chunk.w_common, value, o) + rest
             numerator += chunk.w_sink[:, None] * np.abs(o)  # the sink: a key whose value is 0
             rel = (chunk.w_common.sum(axis=1) + chunk.w_sink)[:, None] / l_safe
@@ -509,7 +548,8 @@ def _weights(
     # error gamma_D(2^-24) is folded into the constant.
     D = q.shape[1]
     qk = np.abs(q).astype(np.float32) @ abs_k.T
-    qk_factor = LN_2 * LOG2_E * scale * gamma(D, chain.u_qk) * (1 + gamma(D, 2.0**-24))
+    qk_error = mma_error(chain, D, -(-D // MMA_STEP), D, chain.u_qk, D)
+    qk_factor = LN_2 * LOG2_E * scale * qk_error * (1 + gamma(D, 2.0**-24))
     qk_factor *= descale  # sum_k |q_k k_jk| of the dequantized values
     if cap is not None:  # e_j's MMA term passes the scale, /cap, tanh and *cap
         qk_factor *= (1 + chain.eps_tanh) * (1 + chain.u_s) ** 3
