@@ -60,7 +60,7 @@ from a pre-scaled, re-rounded Q.
 
 FP8 MMA with a narrow accumulator (``precision.mma_accumulator_bits``, docs/fp8.md): the
 ``gamma_D(u_a)`` of ``dt_j`` and the ``gamma_{Sk + 2 n_b}(u_a)`` of the P V term become
-:func:`mma_error` of the same reduction (every cut of the accumulator counted at ``2^(1 -
+``_mma_error`` of the same reduction (every cut of the accumulator counted at ``2^(1 -
 bits)`` of the largest magnitude in play).
 
 Softcap (``case.softcap = cap``; the kernel forms ``l_j = cap tanh(scale s_j / cap)`` and
@@ -222,7 +222,7 @@ def _mma_unit(precision: StreamingPrecision) -> float:
     return 2.0 ** (1 - bits) if precision.mma_accumulator_rounding == "truncate" else 2.0**-bits
 
 
-def mma_error(
+def _mma_error(
     chain: _Chain, products: int, steps: int, fp32_ops: int, u_fp32: float, group: int
 ) -> float:
     """Relative error, in units of ``sum_i |a_i b_i|``, of an MMA reduction of ``products``
@@ -299,7 +299,7 @@ def error_bound(
         )
     n = case.Sk + 2 * _num_blocks(case, block_n) + (case.sink is not None) + chain.num_splits
     steps = -(-case.Sk // MMA_STEP) + _num_blocks(case, block_n)  # P V's MMA steps, at most
-    pv_error = mma_error(chain, case.Sk, steps, n, chain.u_pv, block_n)
+    pv_error = _mma_error(chain, case.Sk, steps, n, chain.u_pv, block_n)
     bound = np.zeros_like(ref_o)
     values = {}  # kv head -> _Values of the current batch: converted once, not per row chunk
     # An extreme case (a scale of 1e18) overflows the evaluation: inf - inf is NaN, mapped to
@@ -571,7 +571,7 @@ def _weights(
     # error gamma_D(2^-24) is folded into the constant.
     D = q.shape[1]
     qk = np.abs(q).astype(np.float32) @ abs_k.T
-    qk_error = mma_error(chain, D, -(-D // MMA_STEP), D, chain.u_qk, D)
+    qk_error = _mma_error(chain, D, -(-D // MMA_STEP), D, chain.u_qk, D)
     qk_factor = LN_2 * LOG2_E * scale * qk_error * (1 + gamma(D, 2.0**-24))
     qk_factor *= descale  # sum_k |q_k k_jk| of the dequantized values
     if cap is not None:  # e_j's MMA term passes the scale, /cap, tanh and *cap

@@ -95,7 +95,7 @@ def _round_float64_to_bfloat16(x: np.ndarray) -> np.ndarray:
 
 MMA_ROUNDINGS = ("truncate", "nearest")
 # Significant bits Hopper's FP8 WGMMA keeps while it accumulates (docs/fp8.md#mma-accumulation):
-# 13 fraction bits and the leading one (SageAttention2's FP22, DeepSeek-V3's "about 14 bits").
+# 13 fraction bits and the leading one: DeepSeek-V3's "about 14 bits", the FP22 (e8m13) reported.
 HOPPER_FP8_MMA_BITS = 14
 
 
