@@ -2,14 +2,15 @@
 FA4's on FA4's trigger, and print one table row per (kernel, case).
 
     python scripts/gpu/fp8_check.py              # on the GPU; exit 1 on an unexpected verdict
-    python scripts/gpu/fp8_check.py --interpret  # smaller cases, Triton's interpreter on the CPU
+    python scripts/gpu/fp8_check.py --interpret  # Triton's interpreter on the CPU
 
 The trigger (:func:`triton_fp8.creep_case`) is a row max creeping up by just under FA4's lazy
-threshold of 4 (log2 units) per K block, over many K blocks. Columns: the constants the kernel
-runs (offset + threshold) and the chain it declares; the kernel's largest |O error| against
-float64 on every row and its largest fraction of the declared chain's bound; the P elements that
-clamp and the rescales skipped, counted by the streaming tier (the NumPy emulation of the chain
-the kernel runs, block for block); the harness's findings (every check); and the verdict:
+threshold of 4 (log2 units) per K block, over 16 K blocks (:data:`triton_fp8.TRIGGERS`).
+Columns: the constants the kernel runs (offset + threshold) and the chain it declares; the
+kernel's largest |O error| against float64 on every row and its largest fraction of the
+declared chain's bound; the P elements that clamp and the rescales skipped, counted by the
+streaming tier (the NumPy emulation of the chain the kernel runs, block for block); the
+harness's findings (every check); and the verdict:
 ``ok`` when the findings are the adapter's ``expected_check`` (none for ``triton-fp8``,
 ``bound`` for ``triton-fp8-fa4``).
 """
@@ -19,18 +20,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-
-# (dtype, label, creep_case arguments): e4m3 with a rise just under the threshold, slower, and
-# long; e5m2, where FA4's constants fit (triton-fp8-fa4 declines it).
-TRIGGERS = (
-    ("float8_e4m3fn", dict(Sk=4096, D=128, rise_log2=3.5, causal=True)),
-    ("float8_e4m3fn", dict(Sk=8192, D=64, rise_log2=3.9)),
-    ("float8_e4m3fn", dict(Sk=4096, D=128, rise_log2=2.0, Sq=200, Hq=4, seed=1)),
-    ("float8_e4m3fn", dict(Sk=16384, D=128, rise_log2=3.0, causal=True, seed=2)),
-    ("float8_e5m2", dict(Sk=4096, D=128, rise_log2=3.5, causal=True)),
-)
-# Under --interpret: the same triggers cut to 16 K blocks.
-INTERPRETED_KEYS = 1024
 
 
 def main() -> int:
@@ -49,6 +38,7 @@ def main() -> int:
     from attention_crossval.testing.broken.triton_fp8 import (
         BLOCK_M,
         BLOCK_N,
+        TRIGGERS,
         creep_case,
         fa4_constants,
         fixed,
@@ -62,8 +52,6 @@ def main() -> int:
     print("|" + "---|" * len(header))
     unexpected = 0
     for dtype, options in TRIGGERS:
-        if args.interpret:
-            options = {**options, "Sk": min(options["Sk"], INTERPRETED_KEYS)}
         case = creep_case(dtype, **options)
         for adapter in (fixed(), fa4_constants()):
             if args.interpret:

@@ -21,7 +21,8 @@ accumulators, ``u_P``, ``sigma_P`` the unit roundoff and subnormal spacing of P'
     f     = tiny(score dtype)               (exp2 with flush-to-zero, per visible key)
     w_j   = p_j eta_j + f                   (|p~_j - p_j| <= w_j, p~_j the kernel's weight)
     dP_j  = u_P (p_j + w_j) + sigma_P / 2   (P rounded to 16 bits before P V)
-    rel   = sum_j w_j / l,  g = gamma_{Sk + 2 n_b}(u_acc),  D = 1 / ((1 - rel) (1 - g))
+    rel   = sum_j w_j / l,  g = gamma_{Sk + 2 n_b}(u_acc)
+    lam   = max(1 - rel, sum_j (p_j / (1 + eta_j) - f) / l),  D = 1 / (lam (1 - g))
     x_c   = D [ (sum_j w_j |v_jc - o_c| + sum_j dP_j |v_jc|
                  + gamma_{Sk + 2 n_b}(u_a) sum_j (p_j + w_j + dP_j) |v_jc|) / l
                + (1 + rel) g |o_c| ]
@@ -34,26 +35,33 @@ for every visiting order, the default). When row_sum adds the *rounded* P, ``dP_
 multiplies the bound by ``1 + u_o`` and adds ``u_o |o_c| + sigma_o / 2``. ``eta_j`` is the
 exponential of the summed relative perturbations, which equals the linear sum of the
 perturbations to first order and stays rigorous when a perturbation is not small. ``D`` is
-exact, not a first-order factor: the kernel divides by a row sum ``L~ >= l (1 - rel) (1 - g)``, so
-when ``rel`` (or ``g``) reaches 1
-the divisor is not bounded away from 0 and the row's bound is inf. An empty row gets bound 0: the
+exact, not a first-order factor: the kernel divides by a row sum ``L~ >= l lam (1 - g)``, where
+every weight is ``p_j e^theta`` (``|theta| <= ln(1 + eta_j)``) or flushed, so ``lam`` stays
+positive where ``rel`` reaches 1; when ``lam <= 0`` (or ``g >= 1``) the divisor is not bounded
+away from 0 and the row's bound is inf. An empty row gets bound 0: the
 kernel must return exactly 0. For ``StreamingPrecision.float64()`` every unit roundoff is 2^-53, so
 the bound is about ``Sk 2^-53 sum_j p_j |v_jc| / l``.
 
 LSE (natural log; a kernel computes ``m scale + ln l`` or ``(m c + log2 l) ln 2``)::
 
-    r = rel (+ sum_j dP_j / l if row_sum adds rounded P) + g (1 + that),  d = -ln(1 - r)
+    r = rel (+ sum_j dP_j / l if row_sum adds rounded P) + g (1 + that)
+    d = max(ln(1 + r), -ln(lam (1 - g)))      (lam less those dP_j with the rounded-P sum)
     |lse^ - lse| <= d + eps max(1, ln l + d) + 3 u_s (|m scale| + tau ln2 + |lse|)
 
-(``|ln L~ - ln l| <= -ln(1 - r)`` when ``|L~ - l| <= r l``; inf when ``r >= 1``.)
+(``|ln L~ - ln l| <= d`` when ``lam (1 - g) l <= L~ <= (1 + r) l``; inf when ``lam <= 0``.)
 
 Departures from a first-order derivation, all towards rigour: the flush-to-zero term ``f`` weights
 ``|v - o|`` (it perturbs the row sum too) rather than ``|v|``; ``eta`` is an ``expm1``; the
 threshold ``tau`` and the output's subnormal spacing are included; ``r_j`` may count every visible
 block (``"any"``); a first-order factor such as 1.01 is replaced by the exact ``D`` and
-``-ln(1 - r)``, and ``dP_j`` and the P V term use the perturbed ``p_j + w_j``. The chain assumes Q
+``d``, and ``dP_j`` and the P V term use the perturbed ``p_j + w_j``. The chain assumes Q
 K^T is formed from the unscaled inputs (the scale is folded into exp2, as FlashAttention does), not
 from a pre-scaled, re-rounded Q.
+
+FP8 MMA with a narrow accumulator (``precision.mma_accumulator_bits``, docs/fp8.md): the
+``gamma_D(u_a)`` of ``dt_j`` and the ``gamma_{Sk + 2 n_b}(u_a)`` of the P V term become
+``_mma_error`` of the same reduction (every cut of the accumulator counted at ``2^(1 -
+bits)`` of the largest magnitude in play).
 
 Softcap (``case.softcap = cap``; the kernel forms ``l_j = cap tanh(scale s_j / cap)`` and
 exponentiates with ``c = log2(e)``): the formulas above run on the logits ``l_j`` in place of
@@ -108,6 +116,7 @@ import numpy as np
 
 from attention_crossval.reference.case import FP8_DTYPES, AttentionCase, AttentionResult
 from attention_crossval.reference.masks import visible
+from attention_crossval.reference.mma import MMA_STEP
 from attention_crossval.reference.precision import LN_2, LOG2_E, StreamingPrecision, fp8_max
 
 KV_ORDERS = ("forward", "reverse", "any")
@@ -159,6 +168,8 @@ class _Chain:
     offset: float  # max_offset_log2: P scaled by 2^offset before its (FP8) rounding
     saturates: bool  # an FP8 P can clamp: max_offset + threshold > log2(fp8 max)
     offset_clamps: bool  # it clamps even with a fresh max: 2^max_offset > fp8 max
+    u_mma: float  # one cut of the FP8 MMA's narrow accumulator, relative; 0: fp32 accumulation
+    promotion: int | None  # products per partial sum added in fp32; None: the chain never ends
 
     @classmethod
     def of(
@@ -197,7 +208,41 @@ class _Chain:
             offset=precision.max_offset_log2,
             saturates=precision.can_saturate,
             offset_clamps=p in FP8_DTYPES and 2.0**precision.max_offset_log2 > fp8_max(p),
+            u_mma=_mma_unit(precision),
+            promotion=precision.mma_promotion_interval,
         )
+
+
+def _mma_unit(precision: StreamingPrecision) -> float:
+    """Relative error of one cut to ``mma_accumulator_bits`` significant bits: ``2^(1 - bits)``
+    truncating, ``2^-bits`` to nearest (0 without a narrow accumulator)."""
+    bits = precision.mma_accumulator_bits
+    if bits is None:
+        return 0.0
+    return 2.0 ** (1 - bits) if precision.mma_accumulator_rounding == "truncate" else 2.0**-bits
+
+
+def _mma_error(
+    chain: _Chain, products: int, steps: int, fp32_ops: int, u_fp32: float, group: int
+) -> float:
+    """Relative error, in units of ``sum_i |a_i b_i|``, of an MMA reduction of ``products``
+    terms in ``steps`` MMA steps whose fp32 accumulator rounds ``fp32_ops`` times (unit
+    ``u_fp32``); ``group`` caps a promoted partial sum (a K block). docs/fp8.md#mma-accumulation:
+
+    * fp32 accumulation: ``gamma_{fp32_ops}(u_fp32)``;
+    * never promoted: every product, every incoming accumulator and every step's sum is cut
+      once, each by at most ``u_mma`` times the largest magnitude in play:
+      ``gamma_{fp32_ops + 2 steps}(max(u_mma, u_fp32))``;
+    * promoted every ``k`` products (``n = min(k, group)``): ``(1 + gamma_{n + 2
+      ceil(n / MMA_STEP)}(u_mma)) (1 + gamma_{fp32_ops}(u_fp32)) - 1``.
+    """
+    if chain.u_mma == 0:
+        return float(gamma(fp32_ops, u_fp32))
+    if chain.promotion is None:
+        return float(gamma(fp32_ops + 2 * steps, max(chain.u_mma, u_fp32)))
+    n = min(chain.promotion, group, products)
+    inner = gamma(n + 2 * -(-n // MMA_STEP), chain.u_mma)
+    return float((1 + inner) * (1 + gamma(fp32_ops, u_fp32)) - 1)
 
 
 @dataclass
@@ -214,6 +259,7 @@ class _RowChunk:
     w_common: np.ndarray  # [r, Sk] weights of |v - o|: p eta + f (+ dP with rounded-P row sum)
     w_p: np.ndarray  # [r, Sk] dP_j, the P-rounding weights of |v| (0 with rounded-P row sum)
     w_sink: np.ndarray  # [r] the sink's weight error w_sigma (0 without a sink)
+    floor: np.ndarray  # [r] lower bound of the kernel's row sum before its accumulation error
     clamps: np.ndarray  # [r] an FP8 P of the row can clamp: the O bound is undefined (inf)
 
 
@@ -252,6 +298,8 @@ def error_bound(
             f"{(case.B, case.Sq, case.Hq, case.Dv)}"
         )
     n = case.Sk + 2 * _num_blocks(case, block_n) + (case.sink is not None) + chain.num_splits
+    steps = -(-case.Sk // MMA_STEP) + _num_blocks(case, block_n)  # P V's MMA steps, at most
+    pv_error = _mma_error(chain, case.Sk, steps, n, chain.u_pv, block_n)
     bound = np.zeros_like(ref_o)
     values = {}  # kv head -> _Values of the current batch: converted once, not per row chunk
     # An extreme case (a scale of 1e18) overflows the evaluation: inf - inf is NaN, mapped to
@@ -271,13 +319,14 @@ def error_bound(
             if np.isnan(o).any():
                 o = np.where(np.isnan(o), chunk.p @ v / l_safe, o)
             p_mma = chunk.p + chunk.w_common + chunk.w_p  # >= |P~_j| entering P V
-            rest = (chunk.w_p + gamma(n, chain.u_pv) * p_mma) @ value.abs_v
+            rest = (chunk.w_p + pv_error * p_mma) @ value.abs_v
             numerator = _weighted_abs_dev(chunk.w_common, value, o) + rest
             numerator += chunk.w_sink[:, None] * np.abs(o)  # the sink: a key whose value is 0
             rel = (chunk.w_common.sum(axis=1) + chunk.w_sink)[:, None] / l_safe
             g = gamma(n, chain.u_acc)
-            x = (numerator / l_safe + (1 + rel) * g * np.abs(o)) / ((1 - rel) * (1 - g))
-            x = np.where((rel < 1) & (g < 1), x, np.inf)  # L~ may be ~0: no finite bound
+            low = _row_sum_floor(chunk, rel[:, 0])[:, None]  # L~ >= l low (1 - g)
+            x = (numerator / l_safe + (1 + rel) * g * np.abs(o)) / (low * (1 - g))
+            x = np.where((low > 0) & (g < 1), x, np.inf)  # L~ may be ~0: no finite bound
             out = (1 + chain.u_acc) * x + chain.u_acc * np.abs(o)
             if case.v_descale is not None:  # O times v_descale: one more accumulator rounding
                 out = (1 + chain.u_acc) * out + chain.u_acc * np.abs(o)
@@ -328,8 +377,12 @@ def lse_error_bound(
             # Only weights that enter row_sum move the LSE: w_common (it holds dP when row_sum adds
             # the rounded P); P's rounding before P V alone does not.
             relative = (chunk.w_common.sum(axis=1) + chunk.w_sink) / np.where(nonempty, chunk.l, 1)
-            r = relative + gamma(n, chain.u_acc) * (1 + relative)  # |L~ - l| <= r l
-            d = np.where(r < 1, -np.log1p(-np.minimum(r, 1)), np.inf)  # >= |ln L~ - ln l|
+            g = gamma(n, chain.u_acc)
+            r = relative + g * (1 + relative)  # L~ <= (1 + r) l
+            low = _row_sum_floor(chunk, relative) * (1 - g)  # L~ >= low l
+            with np.errstate(divide="ignore"):  # low = 0: no finite bound
+                below = np.where((low > 0) & (g < 1), -np.log(np.maximum(low, 0)), np.inf)
+            d = np.maximum(np.log1p(r), below)  # >= |ln L~ - ln l|
             out = d + chain.eps * np.maximum(1, ln_l + d)
             out += 3 * chain.u_s * (np.abs(chunk.scaled_max) + chain.tau * LN_2 + np.abs(lse))
             if chain.num_splits > 1:  # the combine's log and addition
@@ -340,6 +393,15 @@ def lse_error_bound(
             out = np.where(np.isnan(out), np.inf, out * EVALUATION_SLACK)
             bound[chunk.b, chunk.h, chunk.rows] = _on_rows(chunk.l, out)
     return bound
+
+
+def _row_sum_floor(chunk: _RowChunk, rel: np.ndarray) -> np.ndarray:
+    """``L~ / l`` is at least this before the accumulation error: the larger of ``1 - rel``
+    (every weight lowered by its whole ``w``) and the multiplicative floor ``sum_j (p_j / (1 +
+    eta_j) - f) / l`` (each weight's perturbation is a factor ``e^theta``, ``|theta| <= arg_j
+    <= ln(1 + eta_j)``, or a flush to zero), which stays positive where ``rel`` reaches 1."""
+    l_safe = np.where(chunk.l > 0, chunk.l, 1)
+    return np.maximum(1 - rel, chunk.floor / l_safe)
 
 
 def _fp8_lse_error(case: AttentionCase, chain: _Chain, scaled_max, lse) -> np.ndarray | float:
@@ -509,7 +571,8 @@ def _weights(
     # error gamma_D(2^-24) is folded into the constant.
     D = q.shape[1]
     qk = np.abs(q).astype(np.float32) @ abs_k.T
-    qk_factor = LN_2 * LOG2_E * scale * gamma(D, chain.u_qk) * (1 + gamma(D, 2.0**-24))
+    qk_error = _mma_error(chain, D, -(-D // MMA_STEP), D, chain.u_qk, D)
+    qk_factor = LN_2 * LOG2_E * scale * qk_error * (1 + gamma(D, 2.0**-24))
     qk_factor *= descale  # sum_k |q_k k_jk| of the dequantized values
     if cap is not None:  # e_j's MMA term passes the scale, /cap, tanh and *cap
         qk_factor *= (1 + chain.eps_tanh) * (1 + chain.u_s) ** 3
@@ -533,9 +596,13 @@ def _weights(
     with np.errstate(over="ignore", invalid="ignore"):
         eta[large] = np.expm1(arg[large])
         w_common = np.where(seen, p * eta + chain.ftz, 0)  # p eta + f
+        # p~ = p e^theta, |theta| <= arg (exp2, rescales, combine: factors), or 0 (flushed),
+        # and 1 + eta >= e^arg: p~ >= p / (1 + eta) - f
+        low = np.where(seen, p / (1 + eta) - chain.ftz, 0)
     w_common[np.isnan(w_common)] = np.inf  # p underflowed while eta overflowed
     w_p = np.where(seen, chain.u_p * (p + w_common) + chain.half_sub_p, 0)  # P~ <= p + w
     if chain.rounded_p_sum:  # row_sum adds the rounded P: its error cancels like a weight error
+        low = low - w_p
         w_common, w_p = w_common + w_p, np.zeros_like(w_p)
     return _RowChunk(
         b=b,
@@ -548,6 +615,7 @@ def _weights(
         w_common=w_common,
         w_p=w_p,
         w_sink=w_sink,
+        floor=np.nan_to_num(low).sum(axis=1) + p_sink - w_sink,
         clamps=_clamping(seen, chain, block_n),
     )
 

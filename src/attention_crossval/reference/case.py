@@ -199,7 +199,7 @@ class Mask:
             raise ValueError(f"mask.causal={self.causal!r} must be a bool")
         for name in ("window_left", "window_right"):
             value = getattr(self, name)
-            if value is not None and (not _is_int(value) or not 0 <= value <= MAX_WINDOW):
+            if value is not None and (not is_int(value) or not 0 <= value <= MAX_WINDOW):
                 raise ValueError(
                     f"mask.{name}={value!r} must be None (unbounded) or an int in [0, 2**31 - 1]"
                 )
@@ -211,7 +211,7 @@ class Mask:
                 isinstance(value, np.ndarray) and value.ndim == 1
             )
             lengths = tuple(value) if sequence else (None,)
-            if not all(_is_int(n) and n >= 0 for n in lengths):
+            if not all(is_int(n) and n >= 0 for n in lengths):
                 raise ValueError(f"mask.{name}={value!r} must be a sequence of ints >= 0")
             object.__setattr__(self, name, tuple(int(n) for n in lengths))
         if self.explicit is not None:
@@ -254,7 +254,8 @@ class Mask:
         return "+".join(parts) or "none"
 
 
-def _is_int(value: object) -> bool:
+def is_int(value: object) -> bool:
+    """True for a Python or NumPy integer, False for a bool (which is an int to Python)."""
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
@@ -444,11 +445,11 @@ class AttentionCase:
 
     def _check_call_options(self) -> None:
         page_size, num_splits = self.page_size, self.num_splits
-        if page_size is not None and (not _is_int(page_size) or page_size < 1):
+        if page_size is not None and (not is_int(page_size) or page_size < 1):
             raise ValueError(
                 f"page_size={page_size!r} must be None (contiguous K/V) or an int >= 1"
             )
-        if not _is_int(num_splits) or not 1 <= num_splits <= MAX_SPLITS:
+        if not is_int(num_splits) or not 1 <= num_splits <= MAX_SPLITS:
             raise ValueError(f"num_splits={num_splits!r} must be an int in [1, {MAX_SPLITS}]")
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout={self.layout!r} must be one of {list(LAYOUTS)}")

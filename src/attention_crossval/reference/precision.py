@@ -13,7 +13,13 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
-from attention_crossval.reference.case import FP8_DTYPES, INPUT_DTYPES, WIDE_DTYPES, dtype_name
+from attention_crossval.reference.case import (
+    FP8_DTYPES,
+    INPUT_DTYPES,
+    WIDE_DTYPES,
+    dtype_name,
+    is_int,
+)
 
 LOG2_E = math.log2(math.e)  # scale_log2 = LOG2_E * softmax_scale: the constant folded into exp2
 LN_2 = math.log(2.0)  # natural-log LSE = log2-domain LSE * LN_2
@@ -87,6 +93,12 @@ def _round_float64_to_bfloat16(x: np.ndarray) -> np.ndarray:
         return rounded.astype(np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)
 
 
+MMA_ROUNDINGS = ("truncate", "nearest")
+# Significant bits Hopper's FP8 WGMMA keeps while it accumulates (docs/fp8.md#mma-accumulation):
+# 13 fraction bits and the leading one: DeepSeek-V3's "about 14 bits", the FP22 (e8m13) reported.
+HOPPER_FP8_MMA_BITS = 14
+
+
 @dataclass(frozen=True)
 class StreamingPrecision:
     """Precision of each stage of a FlashAttention-style forward pass.
@@ -101,6 +113,16 @@ class StreamingPrecision:
     * ``max_offset_log2``: P is computed as ``exp2(S c - m c + max_offset_log2)``, i.e. scaled
       by ``2^max_offset`` into an FP8 format's range before the conversion; row sum and O carry
       the same factor, which cancels in O / row_sum (0 = no offset; docs/fp8.md).
+    * ``mma_accumulator_bits``: significant bits (the leading one included) the tensor core
+      keeps while it sums FP8 products, Hopper's FP8 WGMMA (docs/fp8.md#mma-accumulation);
+      None = IEEE fp32 accumulation. Each MMA step aligns its terms to the largest one's
+      exponent, cuts them to this many bits and cuts the sum again (:mod:`reference.mma`).
+    * ``mma_accumulator_rounding``: how those bits are cut: ``truncate`` (toward zero, what
+      the measurements describe) or ``nearest`` (to nearest even).
+    * ``mma_promotion_interval``: products summed inside the tensor core (from zero) before
+      the partial sum is added into the fp32 accumulator by an ordinary fp32 addition
+      (Triton's ``max_num_imprecise_acc``); None = never: the accumulator itself enters every
+      MMA step, across the head dimension (S) and every K block (O).
 
     With an FP8 ``p_dtype`` P converts with satfinite (:func:`round_to`): a stale max lets the
     scaled P reach ``2^(max_offset + threshold)``, which clamps when that exceeds the format's
@@ -114,6 +136,9 @@ class StreamingPrecision:
     output_dtype: str | None = None
     rescale_threshold_log2: float = 0.0
     max_offset_log2: float = 0.0
+    mma_accumulator_bits: int | None = None
+    mma_accumulator_rounding: str = "truncate"
+    mma_promotion_interval: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("score_dtype", "accum_dtype"):
@@ -133,6 +158,43 @@ class StreamingPrecision:
             )
         self._check_threshold()
         self._check_offset()
+        self._check_mma_accumulator()
+
+    def _check_mma_accumulator(self) -> None:
+        """The narrow accumulator is an FP8 MMA's (p_dtype FP8) with fp32 stages around it."""
+        bits, interval = self.mma_accumulator_bits, self.mma_promotion_interval
+        if self.mma_accumulator_rounding not in MMA_ROUNDINGS:
+            raise ValueError(
+                f"mma_accumulator_rounding={self.mma_accumulator_rounding!r} must be one of "
+                f"{list(MMA_ROUNDINGS)}"
+            )
+        if bits is None:
+            if interval is not None:
+                raise ValueError(
+                    f"mma_promotion_interval={interval!r} needs mma_accumulator_bits (None: "
+                    "the MMA accumulates in fp32 and nothing is promoted)"
+                )
+            return
+        if not is_int(bits) or not 4 <= bits <= 24:
+            raise ValueError(
+                f"mma_accumulator_bits={reprlib.repr(bits)} must be None or an int in [4, 24] "
+                "(significant bits; 24 is fp32's)"
+            )
+        fp32 = self.score_dtype == self.accum_dtype == "float32"
+        if self.p_dtype not in FP8_DTYPES or not fp32:
+            raise ValueError(
+                f"mma_accumulator_bits={bits} models an FP8 MMA: it needs an FP8 p_dtype and "
+                f"float32 scores and accumulators, got p_dtype={self.p_dtype!r}, "
+                f"score_dtype={self.score_dtype!r}, accum_dtype={self.accum_dtype!r}"
+            )
+        if interval is not None and (not is_int(interval) or interval < 1):
+            raise ValueError(
+                f"mma_promotion_interval={reprlib.repr(interval)} must be None or an int >= 1 "
+                "(products per partial sum)"
+            )
+        object.__setattr__(self, "mma_accumulator_bits", int(bits))
+        if interval is not None:
+            object.__setattr__(self, "mma_promotion_interval", int(interval))
 
     def _check_offset(self) -> None:
         """``max_offset_log2``: a finite float in (-64, 64): P scaled by ``2^+-64`` and more
@@ -200,11 +262,15 @@ class StreamingPrecision:
         rescale_threshold_log2: float,
         row_sum_from_rounded_p: bool = False,
         output_dtype: str = "bfloat16",
+        mma_accumulator_bits: int | None = None,
+        mma_promotion_interval: int | None = None,
     ) -> StreamingPrecision:
         """An FP8 forward's chain: fp32 S and accumulators, P scaled by ``2^max_offset_log2``
         and converted to the input's FP8 format (satfinite) before P V, the lazy rescale,
         O rounded to ``output_dtype``. The fixed constants keep ``max_offset_log2 +
-        rescale_threshold_log2 <= log2(fp8 max)``; FA4's (8 and 4 with e4m3) do not."""
+        rescale_threshold_log2 <= log2(fp8 max)``; FA4's (8 and 4 with e4m3) do not.
+        ``mma_accumulator_bits`` / ``mma_promotion_interval``: the FP8 MMA's narrow
+        accumulator (:data:`HOPPER_FP8_MMA_BITS` on sm_90), truncating."""
         if input_dtype not in FP8_DTYPES:
             raise ValueError(f"input_dtype={input_dtype!r} must be one of {list(FP8_DTYPES)}")
         return cls(
@@ -215,6 +281,8 @@ class StreamingPrecision:
             output_dtype=output_dtype,
             rescale_threshold_log2=rescale_threshold_log2,
             max_offset_log2=max_offset_log2,
+            mma_accumulator_bits=mma_accumulator_bits,
+            mma_promotion_interval=mma_promotion_interval,
         )
 
     @property

@@ -16,7 +16,9 @@ block (``c = scale_log2``)::
 
 FP8 inputs (docs/fp8.md): ``c`` carries ``q_descale k_descale``, S is the product of the raw
 FP8 values, ``offset = max_offset_log2`` scales P into the FP8 range before its satfinite
-conversion (0 otherwise), and the final O is multiplied by ``v_descale``.
+conversion (0 otherwise), and the final O is multiplied by ``v_descale``. With
+``mma_accumulator_bits`` both products run through the FP8 MMA's narrow accumulator
+(:mod:`reference.mma`).
 
 Before the first block ``m = -inf, l = 0, O = 0``; with a sink ``sigma`` (a logit with no value)
 ``m = sigma log2(e) / c, l = exp2(sigma log2(e) - m c) = 1, O = 0``: the sink is the state the
@@ -31,6 +33,7 @@ import numpy as np
 
 from attention_crossval.reference.case import FP8_DTYPES, AttentionCase, AttentionResult
 from attention_crossval.reference.masks import visible
+from attention_crossval.reference.mma import mma_product
 from attention_crossval.reference.precision import (
     LN_2,
     LOG2_E,
@@ -176,6 +179,7 @@ def _attend_row_block(
     threshold = score_dtype.type(precision.rescale_threshold_log2 / scale_log2)
     offset = score_dtype.type(precision.max_offset_log2)  # P scaled by 2^offset (FP8 range)
     fp8_p = precision.p_dtype in FP8_DTYPES
+    narrow_mma = precision.mma_accumulator_bits  # None: both MMAs accumulate in fp32
     Q = case.q[b, rows, h, :].astype(score_dtype)
     row_max = np.full(Q.shape[0], -np.inf, score_dtype)  # m = -inf: no key seen yet
     row_sum = np.zeros(Q.shape[0], accum_dtype)  # l = 0
@@ -189,7 +193,7 @@ def _attend_row_block(
         seen = visible(case, b, h, rows, cols)
         V = case.v[b, cols, kv_head, :].astype(accum_dtype)
         V = np.where(seen.any(axis=0)[:, None], V, 0)  # keys no row sees: never read (may be NaN)
-        S = Q @ K.T  # S = Q K^T
+        S = Q @ K.T if narrow_mma is None else mma_product(Q, K.T, precision)  # S = Q K^T
         if case.softcap is not None:
             S = cap * np.tanh(S * scale / cap)  # S = cap tanh(S scale / cap)
         S = np.where(seen, S, -np.inf)  # masked scores are -inf, so exp2 gives P = 0
@@ -207,7 +211,10 @@ def _attend_row_block(
             trace.clamped(b, h, rows, (P > fp8_max(precision.p_dtype)).sum(axis=1))
         P_sum = P_mma if precision.row_sum_from_rounded_p else P  # which P row_sum adds
         row_sum = row_sum * alpha + P_sum.sum(axis=1, dtype=accum_dtype)  # l = l*alpha + rowsum(P)
-        O = O * alpha[:, None] + P_mma.astype(accum_dtype) @ V  # O = O * alpha + P V
+        if narrow_mma is None:
+            O = O * alpha[:, None] + P_mma.astype(accum_dtype) @ V  # O = O * alpha + P V
+        else:  # the FP8 MMA's narrow accumulator, from O * alpha (docs/fp8.md)
+            O = mma_product(P_mma, V, precision, initial=O * alpha[:, None])
         trace.block(b, h, rows, seen, m_old, m_block, row_max)
     # A non-empty row's max key adds exp2(~0) ~ 1 (exactly 1 but for the FMA residual
     # S*c - fl(m*c)), so row_sum > 0; an empty row's row_sum is 0.

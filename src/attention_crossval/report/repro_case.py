@@ -260,7 +260,15 @@ def chain_words(precision: Any) -> str:
         else "P not rounded before P V"
     )
     out = precision.output_dtype or precision.accum_dtype
+    mma = ""
+    if precision.mma_accumulator_bits is not None:
+        interval = precision.mma_promotion_interval
+        promoted = "never promoted" if interval is None else f"promoted every {interval} products"
+        mma = (
+            f", FP8 MMAs with a {precision.mma_accumulator_bits}-bit accumulator "
+            f"({precision.mma_accumulator_rounding}, {promoted})"
+        )
     return (
-        f"scores in {precision.score_dtype}, {p}, accumulators in {precision.accum_dtype}, "
+        f"scores in {precision.score_dtype}, {p}, accumulators in {precision.accum_dtype}{mma}, "
         f"O rounded to {out}"
     )

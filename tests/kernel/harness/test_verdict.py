@@ -81,6 +81,14 @@ def test_neighbours_and_the_first_chain_that_passes() -> None:
         "p_dtype='float16', row_sum_from_rounded_p=True",
     ]
     assert neighbour_chains(unrounded, "float32") == []
+    fp8 = StreamingPrecision.fp8_attention(
+        "float8_e4m3fn", max_offset_log2=4.0, rescale_threshold_log2=4.0
+    )
+    assert [c for _, c, _ in neighbour_chains(fp8, "float8_e4m3fn")][-1] == (
+        "mma_accumulator_bits=14"
+    )
+    hopper = dataclasses.replace(fp8, mma_accumulator_bits=14, mma_promotion_interval=32)
+    assert [c for _, c, _ in neighbour_chains(hopper, "float8_e4m3fn")] == changes
     spec = KernelSpec(name="k", dtypes=frozenset({"bfloat16"}))
     failing = [Finding("lse", "outside")]
     assert chain_hint(spec, "bfloat16", lambda other: failing) is None

@@ -7,7 +7,9 @@ or no mask (the kernel's dense path: no lengths, no window), LSE natural log. It
 ``StreamingPrecision.fp8_attention`` with the kernel's constants: fp32 S and accumulators, P
 scaled by ``2^max_offset`` and converted to the input's FP8 format (satfinite, RNE), the lazy
 rescale with ``rescale_threshold_log2``, the row sum from the unrounded fp32 P, O rounded once
-to bf16.
+to bf16, and both products in the FP8 WGMMA's narrow accumulator, never promoted: S chains the
+head dimension's k32 WGMMAs and O is the accumulator of every key block's
+(``mma_accumulator_bits``, docs/fp8.md#mma-accumulation).
 
 Two sets of constants ``(max_offset_log2, rescale_threshold_log2)``:
 
@@ -35,7 +37,7 @@ from attention_crossval.kernel.adapters import _cute, _torch
 from attention_crossval.kernel.adapters.own_sm90 import ROWS_PER_WG, TILE_N, consumer_warpgroups
 from attention_crossval.kernel.contract.spec import KernelSpec
 from attention_crossval.reference.case import AttentionCase
-from attention_crossval.reference.precision import StreamingPrecision
+from attention_crossval.reference.precision import HOPPER_FP8_MMA_BITS, StreamingPrecision
 
 FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
 # (max_offset_log2, rescale_threshold_log2) per input dtype, their sum <= log2(fp8 max):
@@ -63,7 +65,10 @@ def fp8_spec(name: str, constants: dict[str, tuple[float, float]]) -> KernelSpec
         tile_n=TILE_N,
         precision={
             dtype: StreamingPrecision.fp8_attention(
-                dtype, max_offset_log2=offset, rescale_threshold_log2=threshold
+                dtype,
+                max_offset_log2=offset,
+                rescale_threshold_log2=threshold,
+                mma_accumulator_bits=HOPPER_FP8_MMA_BITS,  # never promoted: WGMMA chains
             )
             for dtype, (offset, threshold) in constants.items()
         },

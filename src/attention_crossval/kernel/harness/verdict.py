@@ -8,8 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from attention_crossval.kernel.contract.spec import KernelSpec
-from attention_crossval.reference.case import AttentionResult
-from attention_crossval.reference.precision import StreamingPrecision
+from attention_crossval.reference.case import FP8_DTYPES, AttentionResult
+from attention_crossval.reference.precision import HOPPER_FP8_MMA_BITS, StreamingPrecision
 
 
 class CheckFailed(AssertionError):
@@ -65,22 +65,35 @@ def neighbour_chains(
 ) -> list[tuple[StreamingPrecision, str, str]]:
     """Precision chains one declaration slip away from ``chain``: ``(chain, the fields that
     change, the question a kernel author should ask)``. The slips: which P the row sum adds,
-    and whether P is rounded before P V."""
+    whether P is rounded before P V, and (FP8) whether the MMA keeps Hopper's narrow
+    accumulator."""
     if chain.p_dtype is not None:
         rounded = not chain.row_sum_from_rounded_p
         which = "rounded" if rounded else "unrounded"
-        return [
+        unrounded_p = dataclasses.replace(
+            chain,
+            p_dtype=None,
+            row_sum_from_rounded_p=False,
+            mma_accumulator_bits=None,  # an unrounded P is no FP8 MMA operand
+            mma_promotion_interval=None,
+        )
+        out = [
             (
                 dataclasses.replace(chain, row_sum_from_rounded_p=rounded),
                 f"row_sum_from_rounded_p={rounded}",
                 f"did the kernel sum the {which} P?",
             ),
-            (
-                dataclasses.replace(chain, p_dtype=None, row_sum_from_rounded_p=False),
-                "p_dtype=None",
-                "does the kernel multiply V by the unrounded P?",
-            ),
+            (unrounded_p, "p_dtype=None", "does the kernel multiply V by the unrounded P?"),
         ]
+        if chain.p_dtype in FP8_DTYPES and chain.mma_accumulator_bits is None:
+            out.append(
+                (
+                    dataclasses.replace(chain, mma_accumulator_bits=HOPPER_FP8_MMA_BITS),
+                    f"mma_accumulator_bits={HOPPER_FP8_MMA_BITS}",
+                    "does the kernel's FP8 MMA accumulate in Hopper's narrow accumulator?",
+                )
+            )
+        return out
     if input_dtype not in ("float16", "bfloat16"):
         return []
     return [

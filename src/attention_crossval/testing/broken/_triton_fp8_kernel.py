@@ -19,10 +19,11 @@ unclamped value: FA4's e4m3 bug (8 + 4 > log2(448)).
 V arrives transposed, ``[B, Hkv, D, keys]`` with the keys contiguous: an FP8 WGMMA on sm_90 reads
 its B operand K-major only, and the reduction axis of ``P V`` is the keys (with V's head dim
 contiguous Triton still emits the FP8 WGMMA, after transposing V through registers). Both dots
-pass ``max_num_imprecise_acc=32``: Triton adds every WGMMA's partial sum (32 products) into a
-float32 accumulator, instead of letting the tensor core's narrower FP8 accumulation run across
-the whole head dimension (S) and every key block (O), its sm_90 default. Below 32 Triton gives
-up the FP8 WGMMA for fp16 ``mma.sync`` on upcast operands.
+pass ``max_num_imprecise_acc=IMPRECISE_ACC`` (32): Triton adds every WGMMA's partial sum (32
+products, summed in the tensor core's narrow FP8 accumulator) into a float32 accumulator,
+instead of letting the narrow accumulation run across the whole head dimension (S) and every
+key block (O), its sm_90 default. Below 32 Triton gives up the FP8 WGMMA for fp16 ``mma.sync``
+on upcast operands.
 """
 
 import triton
@@ -64,6 +65,7 @@ def attention_fp8_fwd(
     MAX_OFFSET: tl.constexpr,
     THRESHOLD: tl.constexpr,
     P_MAX: tl.constexpr,
+    IMPRECISE_ACC: tl.constexpr,
     CAUSAL: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -98,7 +100,7 @@ def attention_fp8_fwd(
             mask=cols[:, None] < k_len,
             other=0.0,
         )
-        s = tl.dot(q, tl.trans(k), max_num_imprecise_acc=32)  # S = Q K^T (fp32)
+        s = tl.dot(q, tl.trans(k), max_num_imprecise_acc=IMPRECISE_ACC)  # S = Q K^T (fp32)
         seen = cols[None, :] < k_len
         if CAUSAL:
             seen = seen & (cols[None, :] <= rows[:, None] + (k_len - q_len))
@@ -115,7 +117,7 @@ def attention_fp8_fwd(
             other=0.0,
         )
         p8 = tl.minimum(p, P_MAX).to(VT.dtype.element_ty)  # satfinite: clamp, then round (RNE)
-        acc = tl.dot(p8, tl.trans(vt), acc * alpha[:, None], max_num_imprecise_acc=32)
+        acc = tl.dot(p8, tl.trans(vt), acc * alpha[:, None], max_num_imprecise_acc=IMPRECISE_ACC)
         m_i = m_new
     empty = l_i == 0.0
     o = acc / tl.where(empty, 1.0, l_i)[:, None] * tl.load(V_DESCALE + b * Hkv + kh)

@@ -17,9 +17,13 @@ threshold)``; P is converted satfinite for ``P V`` while the row sum adds the fp
 
 Both take e4m3/e5m2 Q, K, V with per-(batch, kv head) float32 descales, GQA, bottom-right causal
 and varlen lengths, write bf16 O and a natural-log LSE. V is handed over transposed with its keys
-contiguous (:func:`keys_last`), as an FP8 WGMMA on sm_90 needs its B operand. On the H200 both
-fail ``lse`` on one value (docs/results-h200.md), so ``triton-fp8`` stays in
-``kernel.harness.registry.UNPROVEN``; ``scripts/gpu/fp8_check.py`` is the H200 check.
+contiguous (:func:`keys_last`), as an FP8 WGMMA on sm_90 needs its B operand. Both dots add
+every :data:`PROMOTION_INTERVAL` products of the FP8 WGMMA's narrow accumulator into fp32
+(Triton's ``max_num_imprecise_acc``), and both adapters declare that accumulator
+(``mma_accumulator_bits``, docs/fp8.md#mma-accumulation): without it both failed ``lse`` on
+one value on the H200 (docs/results-h200.md). ``triton-fp8`` stays in
+``kernel.harness.registry.UNPROVEN`` until the H200 confirms it; ``scripts/gpu/fp8_check.py``
+is the H200 check.
 """
 
 from __future__ import annotations
@@ -33,7 +37,13 @@ import numpy as np
 from attention_crossval.kernel.adapters import _torch
 from attention_crossval.kernel.contract.spec import KernelSpec
 from attention_crossval.reference.case import INPUT_DTYPES, AttentionCase, CausalAlignment, Mask
-from attention_crossval.reference.precision import LOG2_E, StreamingPrecision, fp8_max, round_to
+from attention_crossval.reference.precision import (
+    HOPPER_FP8_MMA_BITS,
+    LOG2_E,
+    StreamingPrecision,
+    fp8_max,
+    round_to,
+)
 
 BLOCK_M, BLOCK_N = 64, 64
 # (max_offset_log2, rescale_threshold_log2) per input dtype. FIXED keeps offset + threshold
@@ -41,6 +51,22 @@ BLOCK_M, BLOCK_N = 64, 64
 # lazy threshold of 4, so the two adapters differ in e4m3's offset alone.
 FIXED = {"float8_e4m3fn": (4.0, 4.0), "float8_e5m2": (8.0, 4.0)}
 FA4 = {"float8_e4m3fn": (8.0, 4.0)}
+# Products per partial sum of the FP8 WGMMA's narrow accumulator, added into fp32 (the kernel's
+# max_num_imprecise_acc; below 32 Triton gives up the FP8 WGMMA).
+PROMOTION_INTERVAL = 32
+# FA4's trigger as scripts/gpu/fp8_check.py runs it, (dtype, creep_case arguments): e4m3 with a
+# rise just under the threshold, slower, and with more heads; e5m2, where FA4's constants fit
+# (triton-fp8-fa4 declines it). 16 K blocks each: the row max climbs to 50 log2 units at most,
+# and the bound of Hopper's narrow accumulator still sees FA4's clamp (1.5-2.2 times the bound,
+# emulated); at 4096 keys and more its worst case on such logits hides it
+# (docs/fp8.md#mma-accumulation).
+TRIGGERS = (
+    ("float8_e4m3fn", dict(Sk=1024, D=128, rise_log2=3.5, causal=True)),
+    ("float8_e4m3fn", dict(Sk=1024, D=64, rise_log2=3.9)),
+    ("float8_e4m3fn", dict(Sk=1024, D=128, rise_log2=2.0, Sq=200, Hq=4, seed=1)),
+    ("float8_e4m3fn", dict(Sk=1024, D=128, rise_log2=3.0, causal=True, seed=2)),
+    ("float8_e5m2", dict(Sk=1024, D=128, rise_log2=3.5, causal=True)),
+)
 
 
 @dataclass
@@ -63,7 +89,11 @@ class TritonFp8Adapter(_torch.GuardedOutputsAdapter):
         """Run ``constants``; declare the chain of ``declared`` (default: ``constants``)."""
         precision = {
             dtype: StreamingPrecision.fp8_attention(
-                dtype, max_offset_log2=offset, rescale_threshold_log2=threshold
+                dtype,
+                max_offset_log2=offset,
+                rescale_threshold_log2=threshold,
+                mma_accumulator_bits=HOPPER_FP8_MMA_BITS,
+                mma_promotion_interval=PROMOTION_INTERVAL,
             )
             for dtype, (offset, threshold) in (declared or constants).items()
         }
@@ -100,6 +130,7 @@ class TritonFp8Adapter(_torch.GuardedOutputsAdapter):
             lse.stride(0), lse.stride(1),
             case.Hq, case.Hkv, case.group_size, case.softmax_scale * math.log2(math.e),
             MAX_OFFSET=offset, THRESHOLD=threshold, P_MAX=fp8_max(case.dtype),
+            IMPRECISE_ACC=PROMOTION_INTERVAL,
             CAUSAL="causal" in case.mask.kinds, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D=case.D,
         )  # fmt: skip
 
