@@ -43,7 +43,7 @@ BUILTIN: dict[str, tuple[str, str | tuple[str, ...] | None]] = {
         "attention_crossval.kernel.adapters.own_sm90:create_full",
         OWN_KERNEL_MODULES,
     ),
-    # its FP8 forward (e4m3/e5m2, descales, bf16 out); fails on the H200: see UNPROVEN
+    # its FP8 forward (e4m3/e5m2, descales, bf16 out)
     "own-sm90-fp8": ("attention_crossval.kernel.adapters.own_sm90_fp8:create", OWN_KERNEL_MODULES),
     "own-sm100": (
         "attention_crossval.kernel.adapters.own_sm100:create",
@@ -62,12 +62,10 @@ GPU_BUILTIN = tuple(name for name in BUILTIN if name != "streaming-fa")
 BACKWARD_VARIANTS = frozenset({"flash-attn-cute-deterministic"})
 # Built-ins not shown to pass on a GPU: never run there, or run and failing the kernel suite.
 # Reachable with --kernel only, so a default GPU run neither fails on them nor vouches for them;
-# a built-in leaves this set once its kernel suite passes on a GPU (own-sm90-full did). On the
-# H200 (docs/results-h200.md): own-sm90-fp8 runs, its LSE right and its O wrong (the FP8 P V
-# path); triton-fp8 fails lse on one value by 5e-4 (the FP8 dot's accumulation is narrower
-# than the fp32 the declared chain says). own-sm100, never run, is kept out of the defaults on
-# other GPUs by REQUIRED_COMPUTE_MAJOR instead.
-UNPROVEN: frozenset[str] = frozenset({"triton-fp8", "own-sm90-fp8"})
+# a built-in leaves this set once its kernel suite passes on a GPU (own-sm90-full, own-sm90-fp8
+# and triton-fp8 did: docs/results-h200.md). own-sm100, never run, is kept out of the defaults
+# on other GPUs by REQUIRED_COMPUTE_MAJOR instead.
+UNPROVEN: frozenset[str] = frozenset()
 # Built-ins that are deliberately broken: fixtures a suite must fail, reachable with --kernel
 # only, never in the defaults.
 BROKEN_FIXTURES = frozenset({"triton-fp8-fa4"})

@@ -21,9 +21,8 @@ contiguous (:func:`keys_last`), as an FP8 WGMMA on sm_90 needs its B operand. Bo
 every :data:`PROMOTION_INTERVAL` products of the FP8 WGMMA's narrow accumulator into fp32
 (Triton's ``max_num_imprecise_acc``), and both adapters declare that accumulator
 (``mma_accumulator_bits``, docs/fp8.md#mma-accumulation): without it both failed ``lse`` on
-one value on the H200 (docs/results-h200.md). ``triton-fp8`` stays in
-``kernel.harness.registry.UNPROVEN`` until the H200 confirms it; ``scripts/gpu/fp8_check.py``
-is the H200 check.
+one value on the H200; with it, its kernel suite passes there (docs/results-h200.md).
+``scripts/gpu/fp8_check.py`` is the H200 check.
 """
 
 from __future__ import annotations
