@@ -37,7 +37,12 @@ summation order or blocking is a summation tree of them, so ``gamma_N`` covers a
 
 with ``ds_scaled`` (dS multiplied by the scale before its 16-bit rounding) the same holds with
 ``sigma_dS / 2`` divided by the scale (the rounding's absolute step, in unscaled units; the
-multiply's own rounding is the scale term's ``(1 + u)^2``); where ``|dS| + e_dS`` (times the
+multiply's own rounding is the scale term's ``(1 + u)^2``). With ``ds_flushes_subnormals``
+(a rounded dS below the 16-bit format's smallest normal ``tiny_dS`` becomes 0) ``sigma_dS / 2``
+is ``tiny_dS``: a normal result still errs by at most ``u_dS`` relative, and a flushed one
+by its own magnitude, which is below ``tiny_dS`` (rounding is monotone and ``tiny_dS`` is
+representable, so it came from a value below it); under ``ds_scaled`` that is divided by
+the scale as well. Where ``|dS| + e_dS`` (times the
 scale under ``ds_scaled``) reaches the 16-bit maximum, the rounded dS may be inf and every
 element it reaches is unbounded. With ``dkv_rounded_per_head`` (GQA group of G heads), dk
 and dv first gain each head's own rounding and the group sum, ``+ u_o (M + E) + G sigma_o /
