@@ -447,6 +447,7 @@ def test_only_value_error_escapes_backward_case(do_dtype, dlse, nan_row) -> None
             "p_dtype": st.sampled_from([None, "float16", "float32"]) | JUNK,
             "ds_dtype": st.sampled_from([None, "bfloat16", "float64"]) | JUNK,
             "ds_from_rounded_p": st.booleans() | JUNK,
+            "ds_flushes_subnormals": st.booleans() | JUNK,
             "accum_dtype": st.sampled_from(["float32", "float64"]) | JUNK,
             "dq_order": st.sampled_from(["fixed", "permuted", "random"]) | JUNK,
             "output_dtype": st.sampled_from([None, "float16", "int8"]) | JUNK,

@@ -108,7 +108,7 @@ def test_builtin_backward_chains_are_the_measured_ones(name: str) -> None:
     """The chains measured on the H200 (their errors fit these chains' bounds, not
     FlashAttention's): sdpa-efficient forms dS from the 16-bit P; sdpa-flash and sdpa-cudnn
     round dk/dv per query head before the GQA sum; sdpa-efficient and sdpa-cudnn round the
-    scaled dS."""
+    scaled dS; sdpa-cudnn flushes a subnormal dS to zero."""
     spec = resolve(name).spec
     if not spec.backward:
         pytest.skip(f"{name} declares no backward")
@@ -121,6 +121,7 @@ def test_builtin_backward_chains_are_the_measured_ones(name: str) -> None:
     )
     assert all(c.dkv_rounded_per_head == per_head for c in half), chains
     assert all(c.ds_scaled == scaled for c in half), chains
+    assert all(c.ds_flushes_subnormals == (name == "sdpa-cudnn") for c in half), chains
 
 
 KNOWN = KnownFinding("padding-read", frozenset({"varlen"}), "reads padding", LINK)

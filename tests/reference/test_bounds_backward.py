@@ -45,6 +45,7 @@ CHAINS = (
     "ds_from_rounded_p",
     "dkv_rounded_per_head",
     "ds_scaled",
+    "ds_flushes_subnormals",
     "ds_fp16_stale_max",
 )
 
@@ -53,8 +54,8 @@ def chain(dtype: str, name: str) -> BackwardPrecision:
     """A declared chain by name: FlashAttention's (deterministic or atomic dQ adds), float64,
     P alone rounded (to bf16) with fp32 outputs, FlashAttention's with dS formed from the
     rounded P (sdpa's efficient backend), with dk/dv rounded per query head before the GQA
-    group sum (sdpa's flash backend), dS alone rounded (to fp16) after FA4's stale-max
-    forward."""
+    group sum (sdpa's flash backend), with dS scaled and flushed below the smallest normal
+    (sdpa's cuDNN backend), dS alone rounded (to fp16) after FA4's stale-max forward."""
     flash = BackwardPrecision.flash_attention(dtype)
     return {
         "flash": flash,
@@ -64,6 +65,9 @@ def chain(dtype: str, name: str) -> BackwardPrecision:
         "ds_from_rounded_p": dataclasses.replace(flash, ds_from_rounded_p=True),
         "dkv_rounded_per_head": dataclasses.replace(flash, dkv_rounded_per_head=True),
         "ds_scaled": dataclasses.replace(flash, ds_scaled=True),
+        "ds_flushes_subnormals": dataclasses.replace(  # fp32 inputs: dS is not rounded
+            flash, ds_scaled=True, ds_flushes_subnormals=flash.ds_dtype is not None
+        ),
         "ds_fp16_stale_max": BackwardPrecision(
             forward=StreamingPrecision.flash_attention(dtype, rescale_threshold_log2=8.0),
             ds_dtype="float16",
@@ -258,6 +262,36 @@ def test_ds_scaled_is_outside_flash_attentions_bound() -> None:
     case = BackwardCase(AttentionCase(q, k.astype(np.float16), v), do)
     base, scaled = chain("float16", "flash"), chain("float16", "ds_scaled")
     assert_needs_its_own_bound(case, base, scaled, block=16)
+
+
+def tiny_do_case(seed: int) -> BackwardCase:
+    """Gaussian fp16 scores with dO of about 2^-18: most dS lie in fp16's subnormal range."""
+    rng = np.random.default_rng(seed)
+    q, k, v = (rng.standard_normal((1, 32, 1, 16)).astype(np.float16) for _ in range(3))
+    do = (rng.standard_normal((1, 32, 1, 16)) * 2.0**-18).astype(np.float16)
+    return BackwardCase(AttentionCase(q, k, v), do)
+
+
+def test_ds_flushes_subnormals_is_outside_the_scaled_chains_bound() -> None:
+    """A flush of the subnormal dS (as sdpa's cuDNN backend does) loses each flushed dS, up to
+    the smallest normal, where rounding it would lose half a subnormal step: the scaled chain's
+    bound is exceeded (dq 4.9x, dk 6.1x) and the flag's own bound holds (where every dS is
+    flushed, as here, it admits dq = dk = 0: those elements are vacuous)."""
+    scaled, flushes = chain("float16", "ds_scaled"), chain("float16", "ds_flushes_subnormals")
+    assert_needs_its_own_bound(tiny_do_case(0), scaled, flushes, block=16, grads=("dq", "dk"))
+
+
+@given(
+    backward_cases(max_len=40, max_heads=4, dtypes=("float16",), do_distributions=("tiny",)),
+    st.sampled_from([4, 16, 64]),
+)
+def test_flushing_chain_stays_within_its_bound_on_tiny_do(case: BackwardCase, block_n: int):
+    """dO of 2^-20..2^-14 puts fp16's dS in the subnormal range, where the flush acts: the
+    flushing emulation stays within the flag's bound on every generated shape and mask."""
+    got, exact, bounds = emulate(case, chain("float16", "ds_flushes_subnormals"), block_n)
+    for grad, fraction in bound_fractions(got, exact, bounds).items():
+        assert np.all(fraction <= 1), f"{grad} block_n={block_n} {case.label}"
+        target(float(fraction[np.isfinite(fraction)].max(initial=0)), label=f"{grad} flush")
 
 
 @given(backward_cases(max_len=12, max_heads=4, mask_kinds=("causal", "window", "varlen")))

@@ -28,6 +28,7 @@ from attention_crossval.properties.strategies import (
 )
 from attention_crossval.reference import streaming_backward as tier
 from attention_crossval.reference.case import AttentionCase, AttentionResult
+from attention_crossval.reference.gradients import BackwardCase
 from attention_crossval.reference.precision import BackwardPrecision, StreamingPrecision
 from attention_crossval.reference.streaming import streaming_attention
 from attention_crossval.reference.streaming_backward import streaming_backward
@@ -91,6 +92,23 @@ def test_permuted_dq_order_changes_bits_and_nothing_else() -> None:
     np.testing.assert_array_equal(first.dk, other.dk)
     np.testing.assert_array_equal(first.dv, other.dv)
     np.testing.assert_allclose(first.dq, other.dq, rtol=1e-5, atol=1e-6)
+
+
+def test_flushed_ds_reaches_neither_dq_nor_dk() -> None:
+    """``ds_flushes_subnormals``: with dO of 2^-20 every fp16 dS is below fp16's smallest
+    normal (2^-14), so the flushing chain's dq and dk are exactly 0 where the same chain
+    without the flush has nonzero values (its subnormal dS); dv does not read dS and is
+    bitwise the same."""
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((1, 24, 2, 16)).astype(np.float16) for _ in range(3))
+    do = (rng.standard_normal((1, 24, 2, 16)) * 2.0**-20).astype(np.float16)
+    case = BackwardCase(AttentionCase(q, k, v), do)
+    keeps = dataclasses.replace(BackwardPrecision.flash_attention("float16"), output_dtype=None)
+    flushes = dataclasses.replace(keeps, ds_flushes_subnormals=True)
+    kept, flushed = (streaming_backward(case, p, **BLOCKS) for p in (keeps, flushes))
+    assert np.count_nonzero(kept.dq) > 0 and np.count_nonzero(kept.dk) > 0
+    assert np.count_nonzero(flushed.dq) == np.count_nonzero(flushed.dk) == 0
+    np.testing.assert_array_equal(flushed.dv, kept.dv)
 
 
 def test_given_forward_is_used_and_checked() -> None:
@@ -177,6 +195,8 @@ def test_bad_arguments_name_the_field(kwargs: dict, message: str) -> None:
         ({"ds_dtype": "int8"}, "ds_dtype='int8' must be None"),
         ({"accum_dtype": "float16"}, "accum_dtype='float16' must be 'float32' or 'float64'"),
         ({"dq_order": "atomic"}, r"dq_order='atomic' must be one of \['fixed', 'permuted'\]"),
+        ({"ds_flushes_subnormals": 1}, "ds_flushes_subnormals=1 must be a bool"),
+        ({"ds_flushes_subnormals": True}, "ds_flushes_subnormals=True needs a ds_dtype"),
         ({"output_dtype": "float64"}, "output_dtype='float64' must be None or one of"),
     ],
 )

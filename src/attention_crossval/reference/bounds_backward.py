@@ -37,7 +37,12 @@ summation order or blocking is a summation tree of them, so ``gamma_N`` covers a
 
 with ``ds_scaled`` (dS multiplied by the scale before its 16-bit rounding) the same holds with
 ``sigma_dS / 2`` divided by the scale (the rounding's absolute step, in unscaled units; the
-multiply's own rounding is the scale term's ``(1 + u)^2``); where ``|dS| + e_dS`` (times the
+multiply's own rounding is the scale term's ``(1 + u)^2``). With ``ds_flushes_subnormals``
+(a rounded dS below the 16-bit format's smallest normal ``tiny_dS`` becomes 0) ``sigma_dS / 2``
+is ``tiny_dS``: a normal result still errs by at most ``u_dS`` relative, and a flushed one
+by its own magnitude, which is below ``tiny_dS`` (rounding is monotone and ``tiny_dS`` is
+representable, so it came from a value below it); under ``ds_scaled`` that is divided by
+the scale as well. Where ``|dS| + e_dS`` (times the
 scale under ``ds_scaled``) reaches the 16-bit maximum, the rounded dS may be inf and every
 element it reaches is unbounded. With ``dkv_rounded_per_head`` (GQA group of G heads), dk
 and dv first gain each head's own rounding and the group sum, ``+ u_o (M + E) + G sigma_o /
@@ -115,7 +120,7 @@ class _BackwardChain:
     u_p: float
     half_sub_p: float
     u_ds: float
-    half_sub_ds: float
+    abs_ds: float  # dS rounding's absolute error: half a subnormal step, or tiny if flushed
     u_o: float
     half_sub_o: float
     overflow: float  # the smallest magnitude the accumulator or the output may turn into inf
@@ -134,7 +139,9 @@ class _BackwardChain:
             return unit_roundoff(dtype), float(format_info(dtype).smallest_subnormal) / 2
 
         u_p, half_sub_p = rounding(precision.p_dtype)
-        u_ds, half_sub_ds = rounding(precision.ds_dtype)
+        u_ds, abs_ds = rounding(precision.ds_dtype)
+        if precision.ds_flushes_subnormals:  # a result below the smallest normal becomes 0
+            abs_ds = float(format_info(precision.ds_dtype).tiny)
         u_o, half_sub_o = rounding(precision.output_dtype)
         return cls(
             u=u,
@@ -144,7 +151,7 @@ class _BackwardChain:
             u_p=u_p,
             half_sub_p=half_sub_p,
             u_ds=u_ds,
-            half_sub_ds=half_sub_ds,
+            abs_ds=abs_ds,
             u_o=u_o,
             half_sub_o=half_sub_o,
             overflow=min(float(format_info(t).max) for t in (acc, precision.output_dtype or acc)),
@@ -179,9 +186,9 @@ def backward_error_bound(
     _check(fwd, precision.forward, block_n, exp2_error_ulp, mma_unit_roundoff, "any", 2.0, 1)
     _check_reference(case, reference)
     chain = _BackwardChain.of(precision, float(exp2_error_ulp), float(mma_unit_roundoff))
-    if precision.ds_scaled:  # dS * scale is what is rounded: its subnormal step is 1/scale larger
+    if precision.ds_scaled:  # dS * scale is rounded: its absolute error is 1/scale larger
         scale = fwd.softmax_scale
-        chain = replace(chain, half_sub_ds=chain.half_sub_ds / scale, ds_scale=scale)
+        chain = replace(chain, abs_ds=chain.abs_ds / scale, ds_scale=scale)
     unknown = AttentionResult(o=np.full((fwd.B, fwd.Sq, fwd.Hq, fwd.Dv), np.nan), lse=None)
     options = dict(
         block_n=block_n, exp2_error_ulp=exp2_error_ulp, mma_unit_roundoff=mma_unit_roundoff
@@ -313,7 +320,7 @@ def _add_chunk(
     # The error of the P that dS is formed from: the 16-bit rounding, if any, is the pair's.
     w_ds, pi_ds = (w_p, pi + p_rounding) if chain.ds_from_rounded_p else (w, pi)
     e_ds = w_ds * r + (p + w_ds) * (e_g + e_d) + gamma(2, u) * (p + w_ds) * (r + e_g + e_d)
-    ds_rounding = chain.u_ds * (p * r + e_ds) + chain.half_sub_ds
+    ds_rounding = chain.u_ds * (p * r + e_ds) + chain.abs_ds
     x = np.where(seen, e_ds + ds_rounding, 0)
     # dS^ - dS = alpha_i dS - delta_i P_ds^ + (the rest, at most x_pair): the first two have a
     # common factor per row, so dq sums them over the row before taking magnitudes.

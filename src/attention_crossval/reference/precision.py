@@ -39,7 +39,7 @@ def fp8_max(dtype: str) -> float:
     return float(ml_dtypes.finfo(INPUT_DTYPES[dtype]).max)
 
 
-def round_to(x: np.ndarray, dtype: str) -> np.ndarray:
+def round_to(x: np.ndarray, dtype: str, *, flush_subnormals: bool = False) -> np.ndarray:
     """Round ``x`` to ``dtype`` (round to nearest even) and return it as float64 values.
 
     float64 -> bfloat16 is done on the float64 bits: ml_dtypes before 0.7 goes through float32
@@ -48,10 +48,16 @@ def round_to(x: np.ndarray, dtype: str) -> np.ndarray:
     (regression: properties/test_streaming.py::test_round_to_overflows_to_inf_without_a_warning).
     FP8 formats convert with satfinite, as the FP8 MMA operands do: beyond the largest finite
     value the result is +-max (448 or 57344), not NaN or inf; NaN stays NaN.
+    ``flush_subnormals``: a result below the format's smallest normal becomes zero of the same
+    sign, as a conversion in flush-to-zero mode gives (a kernel's may, the format cannot say).
     """
     if dtype not in _ROUNDING_DTYPES:
         raise ValueError(f"dtype={dtype!r} must be one of {sorted(_ROUNDING_DTYPES)}")
     x = np.asarray(x)
+    if flush_subnormals:
+        rounded = round_to(x, dtype)
+        tiny = float(ml_dtypes.finfo(_ROUNDING_DTYPES[dtype]).smallest_normal)
+        return np.where(np.abs(rounded) < tiny, np.copysign(0.0, rounded), rounded)
     if dtype in FP8_DTYPES:  # satfinite: clamp, then round to nearest even (cannot overflow)
         top = fp8_max(dtype)
         return np.clip(x, -top, top).astype(_ROUNDING_DTYPES[dtype]).astype(np.float64)
@@ -318,6 +324,9 @@ class BackwardPrecision:
       only the 16-bit P it fed to the dV MMA), not from the fp32 P (FlashAttention).
     * ``ds_scaled``: ``softmax_scale`` multiplies dS before it is rounded to ``ds_dtype``, so dq
       and dk need no scale at the end (measured in torch SDPA's efficient and cuDNN backends).
+    * ``ds_flushes_subnormals``: dS's rounding to ``ds_dtype`` flushes a result below the
+      format's smallest normal to zero (sign kept): a conversion or MMA in flush-to-zero mode
+      (measured in torch SDPA's cuDNN backend).
     * ``dkv_rounded_per_head``: with GQA, each query head's dk/dv is rounded to ``output_dtype``
       before the group sum (in ``accum_dtype``, then rounded again): a kernel that writes
       per-head gradients and reduces them afterwards (FlashAttention 2's GQA backward).
@@ -333,6 +342,7 @@ class BackwardPrecision:
     ds_dtype: str | None = None
     ds_from_rounded_p: bool = False
     ds_scaled: bool = False
+    ds_flushes_subnormals: bool = False
     dkv_rounded_per_head: bool = False
     accum_dtype: str = "float32"
     dq_order: str = "fixed"
@@ -347,9 +357,14 @@ class BackwardPrecision:
             value = getattr(self, name)
             if value is not None and value not in ("float16", "bfloat16"):
                 raise ValueError(f"{name}={value!r} must be None, 'float16' or 'bfloat16'")
-        for name in ("ds_from_rounded_p", "ds_scaled", "dkv_rounded_per_head"):
+        flags = ("ds_from_rounded_p", "ds_scaled", "ds_flushes_subnormals", "dkv_rounded_per_head")
+        for name in flags:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be a bool")
+        if self.ds_flushes_subnormals and self.ds_dtype is None:
+            raise ValueError(
+                "ds_flushes_subnormals=True needs a ds_dtype (it describes dS's rounding to it)"
+            )
         if self.accum_dtype not in ("float32", "float64"):
             raise ValueError(f"accum_dtype={self.accum_dtype!r} must be 'float32' or 'float64'")
         if self.dq_order not in DQ_ORDERS:

@@ -16,7 +16,9 @@ query head (``c = scale_log2``, ``LOG2_E = log2(e)``)::
             dS  = P * (dP - D)                       (the fp32 P; the rounded one if
                                                       ds_from_rounded_p; times scale if
                                                       ds_scaled)
-            dK += dS^T Q                             (dS rounded to ds_dtype)
+            dK += dS^T Q                             (dS rounded to ds_dtype; below its
+                                                      smallest normal to 0 if
+                                                      ds_flushes_subnormals)
             dQ += dS K                               (into the dQ accumulator, K blocks in dq_order)
         dk[kv head] += dK, dv[kv head] += dV         (summed over the query heads of the group;
                                                       dK * scale and dV rounded to the output
@@ -187,7 +189,9 @@ def _backward_kv_block(
         dS = P_ds * (dP - D[:, None])  # dS = P * (dP - D)
         if precision.ds_scaled:
             dS = dS * acc.type(fwd.softmax_scale)  # dS = dS * scale (before its rounding)
-        dS_mma = round_to(dS, precision.ds_dtype or acc.name).astype(acc)  # dS as fed to MMAs
+        dS_mma = round_to(  # dS as fed to MMAs (subnormals flushed to 0 if declared)
+            dS, precision.ds_dtype or acc.name, flush_subnormals=precision.ds_flushes_subnormals
+        ).astype(acc)
         with np.errstate(invalid="ignore"):  # a dS that overflowed: inf - inf is the chain's NaN
             dK += dS_mma.T @ Q  # dK += dS^T Q
             dQ[rows] += dS_mma @ K  # dQ += dS K (this K block's partial, in dq_order)

@@ -38,7 +38,15 @@ Conventions, declared rather than failed on:
   (1.71x / 1.19x on dk / dv, 0.64x / 0.54x of the per-head chain's bound). The efficient and
   cuDNN backends multiply dS by the scale before rounding it to 16 bits (``ds_scaled``): on a
   decode whose dS is a 16-bit subnormal both exceeded FlashAttention's dk bound (1.25x, 1.46x)
-  exactly as that chain's emulation does. The gradients come back from autograd
+  exactly as that chain's emulation does. cuDNN also flushes a dS below the 16-bit format's
+  smallest normal to zero (``ds_flushes_subnormals``): on a bf16 case with max |dO| 5.7e-6
+  (254 x 255, D 64, an explicit mask hiding rows, their dO zeroed) it returned dk = 0 where
+  the float64 dk is 1.42e-37, 9.3x the bound without the flag; with it every element fits
+  (dq / dk / dv at 0.21x / 0.21x / 0.91x) and the emulation returns 0 there as well. With dO
+  times 2^16, where no dS is subnormal, both chains hold and the flushing emulation has
+  exactly cuDNN's count of zeros where the float64 dk is not (1408; 1098 without the flush).
+  The efficient backend passed that case at every scale, so it declares no flush; the flash
+  backend takes no mask and has no such measurement. The gradients come back from autograd
   (no caller buffers), so again only input guards, determinism and finiteness apply.
 * ``spec.device`` is where the tensors go: "cuda" for every registered backend; a "cpu" copy of
   the math backend exercises the adapter logic on a machine without a GPU.
@@ -183,7 +191,7 @@ _BACKENDS = {
             _CUDNN_ZERO_DO_NAN,
             _NAN_THROUGH_MASK_BACKWARD,
         ),
-        backward_changes=("ds_scaled", "dkv_rounded_per_head"),
+        backward_changes=("ds_scaled", "ds_flushes_subnormals", "dkv_rounded_per_head"),
     ),
 }
 
