@@ -12,7 +12,8 @@ whole backward harness instead, where the exact tier is one phase of a GPU test'
 first ``--per-strategy`` cases each backward strategy of ``--kernel``'s declaration draws
 (seeded; long keys and long decodes included), run through :func:`run_backward_case` with that
 kernel's torch adapter moved to the CPU and the GPU suite's two exact samples, then the seconds
-per phase (kernel/harness/phases.py) per strategy and in all. The kernel's padding-read check
+per phase (kernel/harness/phases.py) per strategy and in all, with the process's CPU seconds
+(all threads; steadier than wall time on a shared machine). The kernel's padding-read check
 is left out so the references run on every case (SDPA reads NaN padding on the CPU).
 """
 
@@ -74,29 +75,30 @@ def harness_phases(kernel: str, per_strategy: int, seed: int) -> None:
         f"threads {torch.get_num_threads()}"
     )
     columns = [*HARNESS_PHASES, "other"]
-    print(f"{'strategy':<16} {'cases':>5} {'wall s':>7} " + " ".join(f"{c:>9}" for c in columns))
+    head = f"{'strategy':<16} {'cases':>5} {'wall s':>7} {'cpu s':>7} "
+    print(head + " ".join(f"{c:>9}" for c in columns))
     total: dict[str, float] = defaultdict(float)
     for name, strategy in strategies.items():
         cases = drawn_examples(strategy, per_strategy, seed=seed)
         CLOCK.take()
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         for case in cases:
             run_backward_case(
                 on_cpu, case, samples=GPU_SAMPLES, skip_checks=frozenset({"padding-read"})
             )
-        wall = time.perf_counter() - start
+        wall, cpu = time.perf_counter() - start, time.process_time() - cpu
         seconds = {phase: spent for phase, (spent, _) in CLOCK.take().items() if phase in PHASES}
         row = {c: seconds.get(c, 0.0) for c in HARNESS_PHASES}
         row["other"] = wall - sum(seconds.values())
-        for column, value in (("cases", len(cases)), ("wall", wall), *row.items()):
+        for column, value in (("cases", len(cases)), ("wall", wall), ("cpu", cpu), *row.items()):
             total[column] += value
         print(
-            f"{name:<16} {len(cases):>5} {wall:>7.2f} "
+            f"{name:<16} {len(cases):>5} {wall:>7.2f} {cpu:>7.2f} "
             + " ".join(f"{row[c]:>9.2f}" for c in columns),
             flush=True,
         )
     print(
-        f"{'all':<16} {int(total['cases']):>5} {total['wall']:>7.2f} "
+        f"{'all':<16} {int(total['cases']):>5} {total['wall']:>7.2f} {total['cpu']:>7.2f} "
         + " ".join(f"{total[c]:>9.2f}" for c in columns)
     )
 
