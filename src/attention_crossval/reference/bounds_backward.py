@@ -60,10 +60,9 @@ import numpy as np
 from attention_crossval.reference.bounds import (
     EVALUATION_SLACK,
     _check,
-    error_bound,
     format_info,
+    forward_error_bounds,
     gamma,
-    lse_error_bound,
     unit_roundoff,
 )
 from attention_crossval.reference.case import AttentionResult
@@ -186,8 +185,7 @@ def backward_error_bound(
     options = dict(
         block_n=block_n, exp2_error_ulp=exp2_error_ulp, mma_unit_roundoff=mma_unit_roundoff
     )
-    beta_o = error_bound(fwd, unknown, precision.forward, **options)
-    beta_l = lse_error_bound(fwd, unknown, precision.forward, **options)
+    beta_o, beta_l = forward_error_bounds(fwd, unknown, precision.forward, **options)
     sums = _PairSums(case)
     chunk = max(1, _ROW_CHUNK_ELEMENTS // max(fwd.Sk, 1))
     # An unbounded forward (inf) times a zero term gives NaN, mapped to inf at the end.

@@ -4,11 +4,10 @@ One :class:`BackwardReferences` per backward case holds every reference tier, co
 and once, so the backward harness (:mod:`kernel.harness.backward`) and the report
 (:mod:`report.backward`) compare kernels the same way:
 
-* ``float64``: dq, dk, dv in float64 on every element: for large cases a dense torch
-  computation, chunked over query rows so memory stays ``O(chunk * Sk)``
-  (:func:`torch_float64_gradients`), on the GPU for a CUDA kernel when CUDA is there, else on
-  the CPU when torch is installed; otherwise the streaming backward in float64, whose memory
-  grows with its block sizes only;
+* ``float64``: dq, dk, dv in float64 on every element: a dense torch computation on the GPU,
+  chunked over query rows so memory stays ``O(chunk * Sk)`` (:func:`torch_float64_gradients`),
+  for a CUDA kernel's large cases when CUDA is there; else the streaming backward in float64,
+  whose memory grows with its block sizes only;
 * ``exact``: the exact tier (:mod:`reference.exact_backward`) on ``samples`` query rows (dq)
   and ``samples`` key columns (dk, dv) per batch and head;
 * ``streaming``: the emulation of a declared backward chain with the kernel's tile sizes;
@@ -18,7 +17,6 @@ and once, so the backward harness (:mod:`kernel.harness.backward`) and the repor
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -160,27 +158,17 @@ class _Exact:
 
 
 def float64_gradients(case: BackwardCase, device: str = "cpu") -> Gradients:
-    """float64 gradients on every element: for a case above
-    :data:`kernel.harness.references.TORCH_WORK` multiply-adds, dense torch on the GPU for a
-    CUDA kernel when CUDA is there, else dense torch on the CPU when torch is installed (its
-    GEMMs on every core: the streaming backward's tiles cost 3-10x more there); else the
-    streaming backward in float64 (each correct to a few float64 ulps; the exact tier
+    """float64 gradients on every element: dense torch on the GPU for a CUDA kernel's large
+    cases (above :data:`kernel.harness.references.TORCH_WORK` multiply-adds, when CUDA is there),
+    else
+    the streaming backward in float64 (each correct to a few float64 ulps; the exact tier
     certifies the samples)."""
-    if work(case.forward) > TORCH_WORK:
-        target = _torch_device(device)
-        if target is not None:
-            return torch_float64_gradients(case, target)
+    if device == "cuda" and work(case.forward) > TORCH_WORK:
+        from attention_crossval.kernel.harness.gpu_workers import cuda_available
+
+        if cuda_available()[0]:
+            return torch_float64_gradients(case)
     return streaming_backward(case, BackwardPrecision.float64())
-
-
-def _torch_device(device: str) -> str | None:
-    """Where the dense float64 reference runs for a kernel on ``device``: "cuda" when the
-    kernel's is and torch sees one, "cpu" when torch is installed, None without torch."""
-    if importlib.util.find_spec("torch") is None:
-        return None
-    from attention_crossval.kernel.harness.gpu_workers import cuda_available
-
-    return "cuda" if device == "cuda" and cuda_available()[0] else "cpu"
 
 
 def torch_float64_gradients(case: BackwardCase, device: str = "cuda") -> Gradients:
