@@ -40,6 +40,7 @@ Masked pairs are exactly 0 and padding is never read.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -179,8 +180,12 @@ class _FixedExp:
         bits = max(min(self.cap - 1, max_gap).bit_length(), 1)
         self.chunks = -(-bits // _MAX_CHUNK_BITS)
         self.chunk_bits = -(-bits // self.chunks)
-        self.tables = np.zeros((self.chunks, self.limbs, 1 << self.chunk_bits), np.int64)
-        self.known = np.zeros((self.chunks, 1 << self.chunk_bits), dtype=bool)
+        tables = [
+            _exp_table(self.scale_man, self.arg_exp + k * self.chunk_bits, G, self.chunk_bits)
+            for k in range(self.chunks)
+        ]
+        self.tables = [values for values, _ in tables]  # [L, 2^b] per chunk
+        self.known = [known for _, known in tables]  # [2^b] per chunk: entries filled
 
     @property
     def delta(self) -> float:
@@ -219,8 +224,20 @@ class _FixedExp:
                 value = (exp_fixed(-arg, self.guard, self.ln2) + (1 << (_GUARD_BITS - 1))) >> (
                     _GUARD_BITS
                 )
-            self.tables[k, :, t] = _split_int(value, self.limbs)
-            self.known[k, t] = True
+            self.tables[k][:, t] = _split_int(value, self.limbs)
+            self.known[k][t] = True
+
+
+@functools.lru_cache(maxsize=64)
+def _exp_table(
+    scale_man: int, exponent: int, fraction_bits: int, chunk_bits: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """One chunk's table, empty until :meth:`_FixedExp._fill` fills the entries a gap needs:
+    its values (``round(exp(-scale_man t 2^exponent) 2^G)`` as ``[L, 2^b]`` limbs) depend on
+    these arguments only, so the groups of a case and the cases after it share them instead of
+    each paying ``exp_fixed`` for every entry again (64 tables: at most 10 MiB at 128 bits)."""
+    limbs = fraction_bits // _W_BITS
+    return np.zeros((limbs, 1 << chunk_bits), np.int64), np.zeros(1 << chunk_bits, dtype=bool)
 
 
 def _split_int(value: int, limbs: int) -> list[int]:
