@@ -271,10 +271,15 @@ def _add_chunk(
     live_rows, live_keys = seen.any(axis=1), seen.any(axis=0)
     if not live_rows.any():
         return
+    # Only the span of the keys the chunk's rows see: a key outside it is in no visible pair
+    # of the chunk, so it adds nothing (causal and window chunks see a fraction of Sk).
+    first, last = np.flatnonzero(live_keys)[[0, -1]]
+    keys = slice(int(first), int(last) + 1)
+    seen, live_keys = seen[:, keys], live_keys[keys]
     q = np.where(live_rows[:, None], f.q[b, rows, h].astype(np.float64), 0)  # padding: never
     do = np.where(live_rows[:, None], case.do[b, rows, h].astype(np.float64), 0)  # read
-    k = np.where(live_keys[:, None], f.k[b, :, kv_head].astype(np.float64), 0)
-    v = np.where(live_keys[:, None], f.v[b, :, kv_head].astype(np.float64), 0)
+    k = np.where(live_keys[:, None], f.k[b, keys, kv_head].astype(np.float64), 0)
+    v = np.where(live_keys[:, None], f.v[b, keys, kv_head].astype(np.float64), 0)
     dlse = 0.0 if case.dlse is None else np.where(live_rows, case.dlse[b, h, rows], 0)
     c = LOG2_E * f.softmax_scale
     s = q @ k.T
@@ -323,7 +328,7 @@ def _add_chunk(
     x = np.where(overflow, np.inf, x)
     x_pair = np.where(overflow, np.inf, x_pair)
     sums.dq_undefined[b, rows, h] |= overflow.any(axis=1)[:, None]
-    sums.dk_undefined[b, :, kv_head] |= overflow.any(axis=0)[:, None]
+    sums.dk_undefined[b, keys, kv_head] |= overflow.any(axis=0)[:, None]
     ds = p * r  # |dS|
     # The vacuity scale counts only r the float64 recomputation resolves: structural zeros
     # (a row with one key has g = D' exactly) must not look like a vacuous bound.
@@ -337,13 +342,13 @@ def _add_chunk(
     sums.dq_xs[b, rows, h] += (ds + x) @ abs_k
     sums.dq_mag[b, rows, h] += ds @ abs_k
     sums.dq_resolved[b, rows, h] += ds_resolved @ abs_k
-    sums.dk_x[b, :, kv_head] += x.T @ abs_q
-    sums.dk_xs[b, :, kv_head] += (ds + x).T @ abs_q
-    sums.dk_mag[b, :, kv_head] += ds.T @ abs_q
-    sums.dk_resolved[b, :, kv_head] += ds_resolved.T @ abs_q
-    sums.dv_w[b, :, kv_head] += w_p.T @ abs_do
-    sums.dv_ws[b, :, kv_head] += (p + w_p).T @ abs_do
-    sums.dv_mag[b, :, kv_head] += p.T @ abs_do
+    sums.dk_x[b, keys, kv_head] += x.T @ abs_q
+    sums.dk_xs[b, keys, kv_head] += (ds + x).T @ abs_q
+    sums.dk_mag[b, keys, kv_head] += ds.T @ abs_q
+    sums.dk_resolved[b, keys, kv_head] += ds_resolved.T @ abs_q
+    sums.dv_w[b, keys, kv_head] += w_p.T @ abs_do
+    sums.dv_ws[b, keys, kv_head] += (p + w_p).T @ abs_do
+    sums.dv_mag[b, keys, kv_head] += p.T @ abs_do
 
 
 def _check_reference(case: BackwardCase, reference: Gradients) -> None:
