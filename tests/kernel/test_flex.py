@@ -62,3 +62,33 @@ def test_flex_adapter_matches_the_references_on_cpu(name: str) -> None:
 
 def test_flex_attention_is_a_registered_gpu_builtin() -> None:
     assert BUILTIN["flex-attention"][1] == "torch" and "flex-attention" in GPU_BUILTIN
+
+
+def test_one_compile_serves_every_length_batch_scale_and_window_of_a_mask_kind() -> None:
+    """The adapter's ``torch.compile`` (dynamic shapes, tensors in the mask_mod) traces once
+    per mask kind and size-1 class, not per case: FlexAttention's GQA copy guards on a batch
+    and a query length of 1 (one trace each), and every other batch, length, scale and window
+    reuses a trace (dynamo's own counter, on the CPU; the masks' values are checked by the
+    tests above through the same mask_mod)."""
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    from torch._dynamo.testing import CompileCounter
+
+    from attention_crossval.kernel.adapters.flex import on_cpu
+
+    counter = CompileCounter()
+    adapter = dataclasses.replace(on_cpu(), backend=counter)
+
+    def window(B: int, Sq: int, Sk: int, left: int, scale: float = 0.125) -> AttentionCase:
+        mask = Mask(causal=True, window_left=left, alignment=CausalAlignment.TOP_LEFT)
+        return _case(B, Sq, Sk, 4, 2, mask, softmax_scale=scale)
+
+    def traces(cases: list[AttentionCase]) -> int:
+        for case in cases:
+            adapter(case)
+        return counter.frame_count
+
+    assert traces([window(2, 40, 70, 3), window(3, 33, 65, 5, 0.1), window(2, 129, 300, 0)]) == 1
+    assert traces([window(1, 40, 70, 3), window(2, 1, 257, 7)]) == 3  # the size-1 classes
+    assert traces([window(1, 64, 129, 9, 0.2), window(3, 1, 100, 2), window(2, 7, 8, 1)]) == 3
+    lengths = Mask(q_lengths=(17, 3), k_lengths=(90, 20))
+    assert traces([_case(2, 17, 90, 4, 2, lengths), _case(2, 17, 130, 4, 2, lengths)]) == 4

@@ -18,7 +18,12 @@ from hypothesis import strategies as st
 
 import attention_crossval.reference.bounds as bounds_module
 import attention_crossval.reference.streaming as streaming_module
-from attention_crossval.reference.bounds import error_bound, lse_error_bound, visible_v_range
+from attention_crossval.reference.bounds import (
+    error_bound,
+    forward_error_bounds,
+    lse_error_bound,
+    visible_v_range,
+)
 from attention_crossval.reference.case import INPUT_DTYPES, AttentionCase, AttentionResult, Mask
 from attention_crossval.reference.compare import assert_within_bound, compare
 from attention_crossval.reference.exact import exact_attention
@@ -192,6 +197,21 @@ def test_empty_rows_get_zero_bound() -> None:
     assert np.all(bound.transpose(0, 2, 1, 3)[empty] == 0)
     assert np.all(lse_bound[empty] == 0)
     assert np.all(bound.transpose(0, 2, 1, 3)[~empty] > 0)
+
+
+def test_one_pass_gives_both_bounds_bit_for_bit() -> None:
+    """forward_error_bounds (one pass over the row chunks) returns exactly what error_bound and
+    lse_error_bound return apart, on a case with empty rows, GQA and a NaN reference O."""
+    case = family_case("masked_rows", "bfloat16", Sq=12, Sk=40, D=8, Hkv=1, group=2, seed=5)
+    ref = streaming_attention(case)
+    ref = AttentionResult(
+        o=np.where(np.arange(case.Sq)[:, None, None] % 3, ref.o, np.nan), lse=ref.lse
+    )
+    options = dict(block_n=16, kv_order="forward", num_splits=2)
+    precision = chain("bfloat16", "flash")
+    both = forward_error_bounds(case, ref, precision, **options)
+    np.testing.assert_array_equal(both[0], error_bound(case, ref, precision, **options))
+    np.testing.assert_array_equal(both[1], lse_error_bound(case, ref, precision, **options))
 
 
 def test_kv_order_any_covers_forward_and_reverse() -> None:

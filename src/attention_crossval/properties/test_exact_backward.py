@@ -21,10 +21,21 @@ from attention_crossval.properties.exact_oracles import (
 )
 from attention_crossval.properties.strategies import backward_cases
 from attention_crossval.reference.case import INPUT_DTYPES, AttentionCase, Mask
-from attention_crossval.reference.exact import exact_attention, sample_rows
+from attention_crossval.reference.exact import (
+    _bit_width,
+    _plan_limbs,
+    _to_limbs,
+    dyadic_matmul,
+    exact_attention,
+    sample_rows,
+)
 from attention_crossval.reference.exact_backward import (
     _FixedExp,
     _limbs_to_ints,
+    _row_max,
+    _scores,
+    _word_ints,
+    _words,
     exact_backward,
     sample_keys,
 )
@@ -213,7 +224,7 @@ def test_fixed_point_exp_is_within_delta(scale: float, score_exponent: int, prec
     gaps += [int(top * f) for f in rng.random(300)]
     gaps += [int(g) for g in np.exp2(rng.uniform(0, math.log2(top), 300))]
     gaps = np.array(gaps, dtype=object)[None, :]
-    weights = _limbs_to_ints(exp.weights(gaps, np.ones(gaps.shape, dtype=bool)))[0]
+    weights = _limbs_to_ints(exp.weights(_words(gaps, 4), np.ones(gaps.shape, dtype=bool)))[0]
     man, e = scale.as_integer_ratio()[0], 1 - scale.as_integer_ratio()[1].bit_length()
     worst = 0.0
     for x, w in zip(gaps[0], weights, strict=True):
@@ -221,6 +232,24 @@ def test_fixed_point_exp_is_within_delta(scale: float, score_exponent: int, prec
         worst = max(worst, abs(to_float(mpf_sub(true, from_man_exp(int(w), -G), 3 * G))))
     assert worst <= exp.delta
     assert weights[0] == 1 << G  # the row maximum weighs exactly 1
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_score_words_are_the_exact_scores_and_their_row_maxima(dtype: str) -> None:
+    """The int64 words of the scores (signed, over ~250 binades) hold the exact Python-int
+    GEMM of the limbs, and their row maxima over a mask are the Python ints' maxima."""
+    rng = np.random.default_rng(3)
+    q, k = (dtype_values(rng, (n, 5), dtype, "wide").astype(np.float64) for n in (6, 9))
+    ints, exponent = dyadic_matmul(q, k)
+    wq, nq, wk, nk = _plan_limbs(_bit_width(q), _bit_width(k), q.shape[1])
+    q_int, k_int = _to_limbs(q, wq, nq), _to_limbs(k, wk, nk)
+    assert q_int.exponent + k_int.exponent == exponent
+    words = _scores(q_int, k_int, slice(None))
+    assert [_word_ints(words[:, i]) for i in range(6)] == ints.tolist()
+    seen = rng.random((6, 9)) < 0.5
+    seen[:, 0] = True
+    expected = [max(row[mask]) for row, mask in zip(ints, seen, strict=True)]
+    assert _word_ints(_row_max(words, seen)) == expected
 
 
 def test_argument_validation() -> None:
@@ -240,7 +269,7 @@ def test_argument_validation() -> None:
 
 
 def test_bfloat16_extreme_exponents_against_naive_loop() -> None:
-    """Scores spanning ~250 binades take the Python-int score path and dozens of exp chunks."""
+    """Scores spanning ~250 binades span many score words and dozens of exp chunks."""
     rng = np.random.default_rng(7)
     dtype = INPUT_DTYPES["bfloat16"]
     values = [dtype_values(rng, (1, 3, 2, 3), "bfloat16", "wide") for _ in range(2)]

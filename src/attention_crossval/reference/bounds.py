@@ -281,60 +281,12 @@ def error_bound(
     ``ExactResult``, use a float64 recomputation); ``p_j``, ``m`` and ``l`` are recomputed in
     float64 from ``case``, ``block_n`` rows' worth of memory at a time.
     """
-    chain = _check(
-        case,
-        precision,
-        block_n,
-        exp2_error_ulp,
-        mma_unit_roundoff,
-        kv_order,
-        tanh_error_ulp,
-        num_splits,
-    )
-    ref_o = np.asarray(reference.o, dtype=np.float64)
-    if ref_o.shape != (case.B, case.Sq, case.Hq, case.Dv):
-        raise ValueError(
-            f"reference.o shape {ref_o.shape} must be [B, Sq, Hq, Dv]="
-            f"{(case.B, case.Sq, case.Hq, case.Dv)}"
-        )
-    n = case.Sk + 2 * _num_blocks(case, block_n) + (case.sink is not None) + chain.num_splits
-    steps = -(-case.Sk // MMA_STEP) + _num_blocks(case, block_n)  # P V's MMA steps, at most
-    pv_error = _mma_error(chain, case.Sk, steps, n, chain.u_pv, block_n)
-    bound = np.zeros_like(ref_o)
-    values = {}  # kv head -> _Values of the current batch: converted once, not per row chunk
-    # An extreme case (a scale of 1e18) overflows the evaluation: inf - inf is NaN, mapped to
-    # inf (no bound) rather than raised.
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        for chunk in _row_chunks(case, chain, block_n, kv_order):
-            key = (chunk.b, case.kv_head(chunk.h))
-            if key not in values:
-                v = case.v[chunk.b, :, key[1], :]
-                if case.v_descale is not None:  # dequantized: exact in float64
-                    v = v.astype(np.float64) * case.descale("v", *key)
-                values = {key: _Values.of(v)}
-            value = values[key]
-            v = value.v
-            l_safe = np.where(chunk.l > 0, chunk.l, 1)[:, None]
-            o = ref_o[chunk.b, chunk.rows, chunk.h, :]
-            if np.isnan(o).any():
-                o = np.where(np.isnan(o), chunk.p @ v / l_safe, o)
-            p_mma = chunk.p + chunk.w_common + chunk.w_p  # >= |P~_j| entering P V
-            rest = (chunk.w_p + pv_error * p_mma) @ value.abs_v
-            numerator = _weighted_abs_dev(chunk.w_common, value, o) + rest
-            numerator += chunk.w_sink[:, None] * np.abs(o)  # the sink: a key whose value is 0
-            rel = (chunk.w_common.sum(axis=1) + chunk.w_sink)[:, None] / l_safe
-            g = gamma(n, chain.u_acc)
-            low = _row_sum_floor(chunk, rel[:, 0])[:, None]  # L~ >= l low (1 - g)
-            x = (numerator / l_safe + (1 + rel) * g * np.abs(o)) / (low * (1 - g))
-            x = np.where((low > 0) & (g < 1), x, np.inf)  # L~ may be ~0: no finite bound
-            out = (1 + chain.u_acc) * x + chain.u_acc * np.abs(o)
-            if case.v_descale is not None:  # O times v_descale: one more accumulator rounding
-                out = (1 + chain.u_acc) * out + chain.u_acc * np.abs(o)
-            out = np.where(chunk.clamps[:, None], np.inf, out)  # undefined: P may clamp
-            out = out * (1 + chain.u_o) + chain.u_o * np.abs(o) + chain.half_sub_o
-            out = np.where(np.isnan(out), np.inf, out * EVALUATION_SLACK)
-            bound[chunk.b, chunk.rows, chunk.h, :] = _on_rows(chunk.l, out)
-    return bound
+    o_bound, lse_bound = _forward_bounds(
+        case, reference, precision, block_n=block_n, exp2_error_ulp=exp2_error_ulp,
+        mma_unit_roundoff=mma_unit_roundoff, kv_order=kv_order, tanh_error_ulp=tanh_error_ulp,
+        num_splits=num_splits, lse=False,
+    )  # fmt: skip
+    return o_bound
 
 
 def lse_error_bound(
@@ -353,6 +305,38 @@ def lse_error_bound(
     docstring). Empty rows get 0: the kernel must return exactly ``-inf``. ``reference.lse``
     (None or NaN rows: a float64 recomputation) only supplies the magnitude ``|lse|``.
     """
+    o_bound, lse_bound = _forward_bounds(
+        case, reference, precision, block_n=block_n, exp2_error_ulp=exp2_error_ulp,
+        mma_unit_roundoff=mma_unit_roundoff, kv_order=kv_order, tanh_error_ulp=tanh_error_ulp,
+        num_splits=num_splits, o=False,
+    )  # fmt: skip
+    return lse_bound
+
+
+def forward_error_bounds(
+    case: AttentionCase, reference: AttentionResult, precision: StreamingPrecision, **options
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(error_bound(...), lse_error_bound(...))`` with the same ``options``, from one pass
+    over the row chunks: their float64 weights, most of either bound's time, once."""
+    return _forward_bounds(case, reference, precision, **options)
+
+
+def _forward_bounds(
+    case: AttentionCase,
+    reference: AttentionResult,
+    precision: StreamingPrecision,
+    *,
+    block_n: int,
+    exp2_error_ulp: float = 2.0,
+    mma_unit_roundoff: float = 2**-23,
+    kv_order: str = "any",
+    tanh_error_ulp: float = 2.0,
+    num_splits: int = 1,
+    o: bool = True,
+    lse: bool = True,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The O bound (when ``o``, else an empty array) and the LSE bound (when ``lse``) of every
+    row chunk."""
     chain = _check(
         case,
         precision,
@@ -363,36 +347,101 @@ def lse_error_bound(
         tanh_error_ulp,
         num_splits,
     )
+    ref_o = None
+    if o:
+        ref_o = np.asarray(reference.o, dtype=np.float64)
+        if ref_o.shape != (case.B, case.Sq, case.Hq, case.Dv):
+            raise ValueError(
+                f"reference.o shape {ref_o.shape} must be [B, Sq, Hq, Dv]="
+                f"{(case.B, case.Sq, case.Hq, case.Dv)}"
+            )
     n = case.Sk + 2 * _num_blocks(case, block_n) + (case.sink is not None) + chain.num_splits
-    ref_lse = reference.lse
-    bound = np.zeros((case.B, case.Hq, case.Sq))
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # NaN -> inf, as above
+    steps = -(-case.Sk // MMA_STEP) + _num_blocks(case, block_n)  # P V's MMA steps, at most
+    pv_error = _mma_error(chain, case.Sk, steps, n, chain.u_pv, block_n)
+    o_bound = np.zeros((case.B, case.Sq, case.Hq, case.Dv) if o else 0)
+    lse_bound = np.zeros((case.B, case.Hq, case.Sq) if lse else 0)
+    values = {}  # kv head -> _Values of the current batch: converted once, not per row chunk
+    # An extreme case (a scale of 1e18) overflows the evaluation: inf - inf is NaN, mapped to
+    # inf (no bound) rather than raised.
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         for chunk in _row_chunks(case, chain, block_n, kv_order):
-            nonempty = chunk.l > 0
-            ln_l = np.log(np.where(nonempty, chunk.l, 1))
-            lse = chunk.scaled_max + ln_l
-            if ref_lse is not None:
-                given = np.asarray(ref_lse, dtype=np.float64)[chunk.b, chunk.h, chunk.rows]
-                lse = np.where(np.isfinite(given), given, lse)
-            # Only weights that enter row_sum move the LSE: w_common (it holds dP when row_sum adds
-            # the rounded P); P's rounding before P V alone does not.
-            relative = (chunk.w_common.sum(axis=1) + chunk.w_sink) / np.where(nonempty, chunk.l, 1)
-            g = gamma(n, chain.u_acc)
-            r = relative + g * (1 + relative)  # L~ <= (1 + r) l
-            low = _row_sum_floor(chunk, relative) * (1 - g)  # L~ >= low l
-            with np.errstate(divide="ignore"):  # low = 0: no finite bound
-                below = np.where((low > 0) & (g < 1), -np.log(np.maximum(low, 0)), np.inf)
-            d = np.maximum(np.log1p(r), below)  # >= |ln L~ - ln l|
-            out = d + chain.eps * np.maximum(1, ln_l + d)
-            out += 3 * chain.u_s * (np.abs(chunk.scaled_max) + chain.tau * LN_2 + np.abs(lse))
-            if chain.num_splits > 1:  # the combine's log and addition
-                out += chain.eps + 2 * chain.u_acc * np.abs(lse)
-            out += _fp8_lse_error(case, chain, chunk.scaled_max, lse)
-            if chain.rounded_p_sum:  # a clamped P enters the row sum too
-                out = np.where(chunk.clamps, np.inf, out)
-            out = np.where(np.isnan(out), np.inf, out * EVALUATION_SLACK)
-            bound[chunk.b, chunk.h, chunk.rows] = _on_rows(chunk.l, out)
-    return bound
+            if o:
+                key = (chunk.b, case.kv_head(chunk.h))
+                if key not in values:
+                    v = case.v[chunk.b, :, key[1], :]
+                    if case.v_descale is not None:  # dequantized: exact in float64
+                        v = v.astype(np.float64) * case.descale("v", *key)
+                    values = {key: _Values.of(v)}
+                out = _o_chunk_bound(case, chain, chunk, n, pv_error, ref_o, values[key])
+                o_bound[chunk.b, chunk.rows, chunk.h, :] = out
+            if lse:
+                out = _lse_chunk_bound(case, chain, chunk, n, reference.lse)
+                lse_bound[chunk.b, chunk.h, chunk.rows] = out
+    return o_bound, lse_bound
+
+
+def _o_chunk_bound(
+    case: AttentionCase,
+    chain: _Chain,
+    chunk: _RowChunk,
+    n: int,
+    pv_error: float,
+    ref_o: np.ndarray,
+    value,
+) -> np.ndarray:
+    """The O bound of one row chunk (``value``: its kv head's :class:`_Values`; ``pv_error``:
+    the relative error of the P V reduction, :func:`_mma_error`)."""
+    v = value.v
+    l_safe = np.where(chunk.l > 0, chunk.l, 1)[:, None]
+    o = ref_o[chunk.b, chunk.rows, chunk.h, :]
+    if np.isnan(o).any():
+        o = np.where(np.isnan(o), chunk.p @ v / l_safe, o)
+    p_mma = chunk.p + chunk.w_common + chunk.w_p  # >= |P~_j| entering P V
+    rest = (chunk.w_p + pv_error * p_mma) @ value.abs_v
+    numerator = _weighted_abs_dev(chunk.w_common, value, o) + rest
+    numerator += chunk.w_sink[:, None] * np.abs(o)  # the sink: a key whose value is 0
+    rel = (chunk.w_common.sum(axis=1) + chunk.w_sink)[:, None] / l_safe
+    g = gamma(n, chain.u_acc)
+    low = _row_sum_floor(chunk, rel[:, 0])[:, None]  # L~ >= l low (1 - g)
+    x = (numerator / l_safe + (1 + rel) * g * np.abs(o)) / (low * (1 - g))
+    x = np.where((low > 0) & (g < 1), x, np.inf)  # L~ may be ~0: no finite bound
+    out = (1 + chain.u_acc) * x + chain.u_acc * np.abs(o)
+    if case.v_descale is not None:  # O times v_descale: one more accumulator rounding
+        out = (1 + chain.u_acc) * out + chain.u_acc * np.abs(o)
+    out = np.where(chunk.clamps[:, None], np.inf, out)  # undefined: P may clamp
+    out = out * (1 + chain.u_o) + chain.u_o * np.abs(o) + chain.half_sub_o
+    out = np.where(np.isnan(out), np.inf, out * EVALUATION_SLACK)
+    return _on_rows(chunk.l, out)
+
+
+def _lse_chunk_bound(
+    case: AttentionCase, chain: _Chain, chunk: _RowChunk, n: int, ref_lse: np.ndarray | None
+) -> np.ndarray:
+    """The LSE bound of one row chunk."""
+    nonempty = chunk.l > 0
+    ln_l = np.log(np.where(nonempty, chunk.l, 1))
+    lse = chunk.scaled_max + ln_l
+    if ref_lse is not None:
+        given = np.asarray(ref_lse, dtype=np.float64)[chunk.b, chunk.h, chunk.rows]
+        lse = np.where(np.isfinite(given), given, lse)
+    # Only weights that enter row_sum move the LSE: w_common (it holds dP when row_sum adds
+    # the rounded P); P's rounding before P V alone does not.
+    relative = (chunk.w_common.sum(axis=1) + chunk.w_sink) / np.where(nonempty, chunk.l, 1)
+    g = gamma(n, chain.u_acc)
+    r = relative + g * (1 + relative)  # L~ <= (1 + r) l
+    low = _row_sum_floor(chunk, relative) * (1 - g)  # L~ >= low l
+    with np.errstate(divide="ignore"):  # low = 0: no finite bound
+        below = np.where((low > 0) & (g < 1), -np.log(np.maximum(low, 0)), np.inf)
+    d = np.maximum(np.log1p(r), below)  # >= |ln L~ - ln l|
+    out = d + chain.eps * np.maximum(1, ln_l + d)
+    out += 3 * chain.u_s * (np.abs(chunk.scaled_max) + chain.tau * LN_2 + np.abs(lse))
+    if chain.num_splits > 1:  # the combine's log and addition
+        out += chain.eps + 2 * chain.u_acc * np.abs(lse)
+    out += _fp8_lse_error(case, chain, chunk.scaled_max, lse)
+    if chain.rounded_p_sum:  # a clamped P enters the row sum too
+        out = np.where(chunk.clamps, np.inf, out)
+    out = np.where(np.isnan(out), np.inf, out * EVALUATION_SLACK)
+    return _on_rows(chunk.l, out)
 
 
 def _row_sum_floor(chunk: _RowChunk, rel: np.ndarray) -> np.ndarray:

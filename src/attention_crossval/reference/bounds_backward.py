@@ -65,10 +65,9 @@ import numpy as np
 from attention_crossval.reference.bounds import (
     EVALUATION_SLACK,
     _check,
-    error_bound,
     format_info,
+    forward_error_bounds,
     gamma,
-    lse_error_bound,
     unit_roundoff,
 )
 from attention_crossval.reference.case import AttentionResult
@@ -193,8 +192,7 @@ def backward_error_bound(
     options = dict(
         block_n=block_n, exp2_error_ulp=exp2_error_ulp, mma_unit_roundoff=mma_unit_roundoff
     )
-    beta_o = error_bound(fwd, unknown, precision.forward, **options)
-    beta_l = lse_error_bound(fwd, unknown, precision.forward, **options)
+    beta_o, beta_l = forward_error_bounds(fwd, unknown, precision.forward, **options)
     sums = _PairSums(case)
     chunk = max(1, _ROW_CHUNK_ELEMENTS // max(fwd.Sk, 1))
     # An unbounded forward (inf) times a zero term gives NaN, mapped to inf at the end.
@@ -280,15 +278,21 @@ def _add_chunk(
     live_rows, live_keys = seen.any(axis=1), seen.any(axis=0)
     if not live_rows.any():
         return
+    # Only the span of the keys the chunk's rows see: a key outside it is in no visible pair
+    # of the chunk, so it adds nothing (causal and window chunks see a fraction of Sk).
+    first, last = np.flatnonzero(live_keys)[[0, -1]]
+    keys = slice(int(first), int(last) + 1)
+    seen, live_keys = seen[:, keys], live_keys[keys]
     q = np.where(live_rows[:, None], f.q[b, rows, h].astype(np.float64), 0)  # padding: never
     do = np.where(live_rows[:, None], case.do[b, rows, h].astype(np.float64), 0)  # read
-    k = np.where(live_keys[:, None], f.k[b, :, kv_head].astype(np.float64), 0)
-    v = np.where(live_keys[:, None], f.v[b, :, kv_head].astype(np.float64), 0)
+    k = np.where(live_keys[:, None], f.k[b, keys, kv_head].astype(np.float64), 0)
+    v = np.where(live_keys[:, None], f.v[b, keys, kv_head].astype(np.float64), 0)
     dlse = 0.0 if case.dlse is None else np.where(live_rows, case.dlse[b, h, rows], 0)
     c = LOG2_E * f.softmax_scale
     s = q @ k.T
     m = np.where(live_rows, np.where(seen, s, -np.inf).max(axis=1), 0)[:, None]
-    p = np.exp2(c * np.where(seen, s - m, -np.inf))  # 0 where masked
+    s_m = s - m
+    p = np.exp2(c * np.where(seen, s_m, -np.inf))  # 0 where masked
     l = np.where(live_rows, p.sum(axis=1), 1)[:, None]
     p /= l  # P, the exact probabilities (float64)
     lse2 = np.where(live_rows[:, None], c * m + np.log2(l), 0)  # LSE2 = LSE log2(e)
@@ -305,8 +309,9 @@ def _add_chunk(
     # rounding of LSE2 and of c times the row max) and the pair's own (S by MMA, c times s - m,
     # the FMA): P^ = P 2^(a_i) 2^(b_ij) (1 + exp2's error), so P^ - P = alpha_i P + pi_ij.
     dt_row = u * c * np.abs(m) + 2 * u * np.abs(lse2) + LOG2_E * beta_l_rows * (1 + 2 * u)
-    dt_pair = (1 + u) * c * (gamma(D, chain.u_m) * (1 + u) * (np.abs(q) @ np.abs(k).T))
-    dt_pair += (1 + u) * u * c * np.abs(s - m) + u * dt_row + u * np.abs(c * s - lse2)
+    abs_q, abs_k = np.abs(q), np.abs(k)
+    dt_pair = (1 + u) * c * (gamma(D, chain.u_m) * (1 + u) * (abs_q @ abs_k.T))
+    dt_pair += (1 + u) * u * c * np.abs(s_m) + u * dt_row + u * np.abs(c * s - lse2)
     omega = np.expm1(LN_2 * dt_row)  # >= |alpha_i|, [rows, 1]
     pi = p * (1 + omega) * np.expm1(LN_2 * dt_pair + 2 * chain.eps) + chain.ftz  # >= |pi_ij|
     pi = np.where(seen, pi, 0)
@@ -319,40 +324,44 @@ def _add_chunk(
     e_d = (1 + u) * e_d0 + u * np.abs(d)
     # The error of the P that dS is formed from: the 16-bit rounding, if any, is the pair's.
     w_ds, pi_ds = (w_p, pi + p_rounding) if chain.ds_from_rounded_p else (w, pi)
-    e_ds = w_ds * r + (p + w_ds) * (e_g + e_d) + gamma(2, u) * (p + w_ds) * (r + e_g + e_d)
-    ds_rounding = chain.u_ds * (p * r + e_ds) + chain.abs_ds
+    p_ds = p + w_ds
+    both = gamma(2, u) * p_ds * (r + e_g + e_d)  # the product of the two errors, and its rounding
+    e_ds = w_ds * r + p_ds * (e_g + e_d) + both
+    ds = p * r  # |dS|
+    ds_reached = ds + e_ds  # >= |dS^|
+    ds_rounding = chain.u_ds * ds_reached + chain.abs_ds
     x = np.where(seen, e_ds + ds_rounding, 0)
     # dS^ - dS = alpha_i dS - delta_i P_ds^ + (the rest, at most x_pair): the first two have a
     # common factor per row, so dq sums them over the row before taking magnitudes.
-    x_pair = pi_ds * r + (p + w_ds) * e_g + gamma(2, u) * (p + w_ds) * (r + e_g + e_d)
+    x_pair = pi_ds * r + p_ds * e_g + both
     x_pair = np.where(seen, x_pair + ds_rounding, 0)
     # dS rounded to 16 bits may overflow to +-inf: every element it reaches is undefined (an
     # inf - inf in the MMA may make it NaN).
-    overflow = seen & (chain.ds_scale * (p * r + e_ds) >= chain.ds_overflow)
+    overflow = seen & (chain.ds_scale * ds_reached >= chain.ds_overflow)
     x = np.where(overflow, np.inf, x)
     x_pair = np.where(overflow, np.inf, x_pair)
     sums.dq_undefined[b, rows, h] |= overflow.any(axis=1)[:, None]
-    sums.dk_undefined[b, :, kv_head] |= overflow.any(axis=0)[:, None]
-    ds = p * r  # |dS|
+    sums.dk_undefined[b, keys, kv_head] |= overflow.any(axis=0)[:, None]
     # The vacuity scale counts only r the float64 recomputation resolves: structural zeros
     # (a row with one key has g = D' exactly) must not look like a vacuous bound.
-    ds_resolved = np.where(r > 2.0**-40 * (abs_g + np.abs(d)), ds, 0)
-    abs_q, abs_k = np.abs(q), np.abs(k)
+    g_d = abs_g + np.abs(d)  # >= |g| + |D'|
+    ds_resolved = np.where(r > 2.0**-40 * g_d, ds, 0)
     # |sum_j dS_ij k_j| and |sum_j P_ij k_j| over the whole row (keys are not chunked), in
     # float64 with the module's evaluation allowance on the magnitudes that may cancel.
-    ds_k = np.abs((p * g_minus_d) @ k) + _FLOAT64_ALLOWANCE * ((p * (abs_g + np.abs(d))) @ abs_k)
+    ds_k = np.abs((p * g_minus_d) @ k) + _FLOAT64_ALLOWANCE * ((p * g_d) @ abs_k)
     p_k = np.abs(p @ k) + _FLOAT64_ALLOWANCE * (p @ abs_k)
     sums.dq_x[b, rows, h] += omega * ds_k + e_d * (p_k + w_ds @ abs_k) + x_pair @ abs_k
-    sums.dq_xs[b, rows, h] += (ds + x) @ abs_k
+    ds_x = ds + x
+    sums.dq_xs[b, rows, h] += ds_x @ abs_k
     sums.dq_mag[b, rows, h] += ds @ abs_k
     sums.dq_resolved[b, rows, h] += ds_resolved @ abs_k
-    sums.dk_x[b, :, kv_head] += x.T @ abs_q
-    sums.dk_xs[b, :, kv_head] += (ds + x).T @ abs_q
-    sums.dk_mag[b, :, kv_head] += ds.T @ abs_q
-    sums.dk_resolved[b, :, kv_head] += ds_resolved.T @ abs_q
-    sums.dv_w[b, :, kv_head] += w_p.T @ abs_do
-    sums.dv_ws[b, :, kv_head] += (p + w_p).T @ abs_do
-    sums.dv_mag[b, :, kv_head] += p.T @ abs_do
+    sums.dk_x[b, keys, kv_head] += x.T @ abs_q
+    sums.dk_xs[b, keys, kv_head] += ds_x.T @ abs_q
+    sums.dk_mag[b, keys, kv_head] += ds.T @ abs_q
+    sums.dk_resolved[b, keys, kv_head] += ds_resolved.T @ abs_q
+    sums.dv_w[b, keys, kv_head] += w_p.T @ abs_do
+    sums.dv_ws[b, keys, kv_head] += (p + w_p).T @ abs_do
+    sums.dv_mag[b, keys, kv_head] += p.T @ abs_do
 
 
 def _check_reference(case: BackwardCase, reference: Gradients) -> None:

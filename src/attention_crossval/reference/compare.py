@@ -147,7 +147,9 @@ def compare(
     lo = np.zeros(shape) if lo is None else _as_shape("reference.o_lo", lo, shape)
     row_mask = _row_mask(shape, rows, getattr(reference, "rows", None))
     if row_mask.size and row_mask.mean() < 0.5:  # a row sample (long cases): gather it first
-        return _on_rows(actual, reference, bound, lse_bound, v_range, output_dtype, row_mask)
+        return _on_rows(
+            actual, reference, bound, lse_bound, v_range, output_dtype, row_mask, undefined
+        )
     evaluated = ~np.isnan(hi) & row_mask.transpose(0, 2, 1)[..., None]
     lo = np.where(np.isfinite(hi) & np.isfinite(lo), lo, 0)
 
@@ -392,6 +394,7 @@ def _on_rows(
     v_range: np.ndarray | None,
     output_dtype: str,
     row_mask: np.ndarray,
+    undefined: np.ndarray | None = None,
 ) -> ErrorReport:
     """:func:`compare` on the ``row_mask`` rows only, gathered as one ``[1, n, 1, Dv]`` case:
     the cost follows the rows checked, not ``B Sq Hq Dv``; the worst index is mapped back."""
@@ -404,13 +407,14 @@ def _on_rows(
         return None if x is None else np.asarray(x)[b, h, i][None, None, :]
 
     gathered = AttentionResult(o=o_rows(actual.o), lse=per_row(actual.lse))
-    if hasattr(reference, "o_lo"):  # an ExactResult: its o_lo, rows and radii too
+    if hasattr(reference, "o_lo"):  # an ExactResult (or exact gradients): o_lo, rows, radii
         ref = dataclasses.replace(
             reference,
             **{name: o_rows(getattr(reference, name)) for name in ("o", "o_lo")},
             **{
                 name: per_row(getattr(reference, name))
                 for name in ("lse", "rows", "o_err_bound", "lse_err_bound")
+                if hasattr(reference, name)
             },
         )
     else:
@@ -422,6 +426,7 @@ def _on_rows(
         output_dtype=output_dtype,
         lse_bound=per_row(lse_bound),
         v_range=per_row(v_range),
+        undefined=o_rows(undefined),
     )
     if report.worst_index is None:
         return report

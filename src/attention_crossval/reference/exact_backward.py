@@ -11,7 +11,8 @@ heads of its group. A key column needs every query row that sees it, so the *row
 ``(m_i, l_i, D_i)`` are computed once per row, for the sampled rows and every row that sees a
 sampled key, and shared by all columns:
 
-1. Scores ``s_ij`` are exact integers (limb float64 GEMMs, as the forward tier).
+1. Scores ``s_ij`` are exact integers (limb float64 GEMMs, as the forward tier), held with
+   their row maxima and gaps as int64 words of 30 bits: no Python int per pair.
 2. Unnormalized weights ``W_ij ~ exp(c (s_ij - m_i)) 2^G`` in ``G = 28 L >= prec_bits`` bit fixed
    point, vectorized: the integer gap ``x = m_i - s_ij`` is cut into ``K`` chunks of ``b <= 12``
    bits and ``exp(-c x) = prod_k T_k[x_k]`` multiplies table entries (``exp_fixed``, rounded to
@@ -39,6 +40,7 @@ Masked pairs are exactly 0 and padding is never read.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -71,6 +73,8 @@ _MAX_CHUNK_BITS = 12  # table size 2^12 per chunk of the score gap
 _GUARD_BITS = 32  # tables are evaluated at G + 32 bits, then rounded to G
 _ROW_CHUNK_ENTRIES = 1 << 17  # rows x keys per vectorized block (~10 int64 arrays of it live)
 _MAX_PREC_BITS = 1000  # delta = 2 K 2^-G stays a normal double
+_WORD_BITS = 30  # exact scores and gaps as int64 words: a word's sum of shifted parts < 2^63
+_WORD_MASK = (1 << _WORD_BITS) - 1
 
 
 @dataclass(frozen=True, eq=False)
@@ -176,8 +180,12 @@ class _FixedExp:
         bits = max(min(self.cap - 1, max_gap).bit_length(), 1)
         self.chunks = -(-bits // _MAX_CHUNK_BITS)
         self.chunk_bits = -(-bits // self.chunks)
-        self.tables = np.zeros((self.chunks, self.limbs, 1 << self.chunk_bits), np.int64)
-        self.known = np.zeros((self.chunks, 1 << self.chunk_bits), dtype=bool)
+        tables = [
+            _exp_table(self.scale_man, self.arg_exp + k * self.chunk_bits, G, self.chunk_bits)
+            for k in range(self.chunks)
+        ]
+        self.tables = [values for values, _ in tables]  # [L, 2^b] per chunk
+        self.known = [known for _, known in tables]  # [2^b] per chunk: entries filled
 
     @property
     def delta(self) -> float:
@@ -187,15 +195,13 @@ class _FixedExp:
         return 2 * self.chunks * 2.0**-self.fraction_bits
 
     def weights(self, gaps: np.ndarray, seen: np.ndarray) -> np.ndarray:
-        """``[L, r, n]`` limbs of the weights of ``gaps`` (int64 or Python ints), 0 off ``seen``."""
-        live = seen.copy()
-        if gaps.dtype == object or self.cap <= np.iinfo(np.int64).max:
-            live &= (gaps < self.cap).astype(bool)
+        """``[L, r, n]`` limbs of the weights of ``gaps`` (``[words, r, n]`` int64 words of
+        :func:`_words`, >= 0 where ``seen``), 0 off ``seen``."""
+        live = seen & _less(gaps, self.cap)
         gaps = np.where(live, gaps, 0)
-        mask = (1 << self.chunk_bits) - 1
         product = None
         for k in range(self.chunks):
-            index = ((gaps >> (k * self.chunk_bits)) & mask).astype(np.int64)
+            index = _bit_field(gaps, k * self.chunk_bits, self.chunk_bits)
             wanted = np.zeros(1 << self.chunk_bits, dtype=bool)
             wanted[index[live]] = True
             self._fill(k, np.flatnonzero(wanted & ~self.known[k]))
@@ -218,8 +224,20 @@ class _FixedExp:
                 value = (exp_fixed(-arg, self.guard, self.ln2) + (1 << (_GUARD_BITS - 1))) >> (
                     _GUARD_BITS
                 )
-            self.tables[k, :, t] = _split_int(value, self.limbs)
-            self.known[k, t] = True
+            self.tables[k][:, t] = _split_int(value, self.limbs)
+            self.known[k][t] = True
+
+
+@functools.lru_cache(maxsize=64)
+def _exp_table(
+    scale_man: int, exponent: int, fraction_bits: int, chunk_bits: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """One chunk's table, empty until :meth:`_FixedExp._fill` fills the entries a gap needs:
+    its values (``round(exp(-scale_man t 2^exponent) 2^G)`` as ``[L, 2^b]`` limbs) depend on
+    these arguments only, so the groups of a case and the cases after it share them instead of
+    each paying ``exp_fixed`` for every entry again (64 tables: at most 10 MiB at 128 bits)."""
+    limbs = fraction_bits // _W_BITS
+    return np.zeros((limbs, 1 << chunk_bits), np.int64), np.zeros(1 << chunk_bits, dtype=bool)
 
 
 def _split_int(value: int, limbs: int) -> list[int]:
@@ -302,19 +320,97 @@ def _doubles(ints: np.ndarray, exponent: int, scale: float = 1.0) -> tuple:
     return hi, lo
 
 
-def _scores(q_int: _IntMatrix, k_int: _IntMatrix, rows: slice, fits_int64: bool) -> np.ndarray:
-    """Exact integer scores of ``rows``: int64 when they fit, else Python ints."""
+def _scores(q_int: _IntMatrix, k_int: _IntMatrix, rows: slice) -> np.ndarray:
+    """Exact integer scores of ``rows`` as ``[words, r, C]`` words (:func:`_words`)."""
     nq, nk = q_int.limbs.shape[0], k_int.limbs.shape[0]
     q = q_int.limbs[:, rows]
     r, D = q.shape[1:]
     products = (q.reshape(nq * r, D) @ k_int.limbs.reshape(-1, D).T).reshape(nq, r, nk, -1)
-    if not fits_int64:
-        return _combine(products, q_int.width, k_int.width)
-    total = np.zeros((r, products.shape[3]), np.int64)
+    top = q_int.width * (nq - 1) + k_int.width * (nk - 1)  # the highest product's shift
+    words = np.zeros((top // _WORD_BITS + 4, r, products.shape[3]), np.int64)
     for a in range(nq):
         for b in range(nk):
-            total += products[a, :, b].astype(np.int64) << (q_int.width * a + k_int.width * b)
-    return total
+            _add_shifted(words, products[a, :, b], q_int.width * a + k_int.width * b)
+    return _normalized(words)
+
+
+def _add_shifted(words: np.ndarray, values: np.ndarray, shift: int) -> None:
+    """``words += values 2^shift`` for integer-valued float64 ``values`` below 2^53 in
+    magnitude (un-normalized: each word gains less than 2^31 in magnitude)."""
+    ints = values.astype(np.int64)
+    first, offset = divmod(shift, _WORD_BITS)
+    for piece, part in enumerate((ints & _WORD_MASK, ints >> _WORD_BITS)):  # < 2^30, < 2^23
+        shifted = part << offset  # below 2^59 in magnitude
+        words[first + piece] += shifted & _WORD_MASK
+        words[first + piece + 1] += shifted >> _WORD_BITS
+
+
+def _normalized(words: np.ndarray) -> np.ndarray:
+    """The same integers with every word but the top in ``[0, 2^30)`` (carries and borrows
+    moved up; the top word keeps the sign): the form :func:`_less`, :func:`_bit_field` and
+    :func:`_row_max` read."""
+    for i in range(len(words) - 1):
+        carry = words[i] >> _WORD_BITS
+        words[i] &= _WORD_MASK
+        words[i + 1] += carry
+    return words
+
+
+def _words(values: np.ndarray, count: int) -> np.ndarray:
+    """Python ints as ``[count, *shape]`` normalized int64 words of ``_WORD_BITS`` bits:
+    ``value = sum_w words[w] 2^(30 w)``, the top word signed and taking the rest."""
+    words = np.zeros((count, *values.shape), np.int64)
+    for index, value in np.ndenumerate(values):
+        value = int(value)
+        for w in range(count - 1):
+            words[(w, *index)] = value & _WORD_MASK
+            value >>= _WORD_BITS
+        words[(count - 1, *index)] = value
+    return words
+
+
+def _word_ints(words: np.ndarray) -> list[int]:
+    """The Python ints of ``[count, n]`` words (one per column)."""
+    return [
+        sum(int(words[w, i]) << (_WORD_BITS * w) for w in range(len(words)))
+        for i in range(words.shape[1])
+    ]
+
+
+def _less(words: np.ndarray, bound: int) -> np.ndarray:
+    """Bool: the normalized ``words`` (``[count, ...]``) below the Python int ``bound``."""
+    count = len(words)
+    if bound >= 1 << (_WORD_BITS * (count - 1) + 62):  # beyond every value the words hold
+        return np.ones(words.shape[1:], dtype=bool)
+    limit = _words(np.array([bound], dtype=object), count)[:, 0]
+    less, equal = np.zeros(words.shape[1:], dtype=bool), np.ones(words.shape[1:], dtype=bool)
+    for w in reversed(range(count)):
+        less |= equal & (words[w] < limit[w])
+        equal &= words[w] == limit[w]
+    return less
+
+
+def _bit_field(words: np.ndarray, start: int, bits: int) -> np.ndarray:
+    """int64 ``(x >> start) & (2^bits - 1)`` of the non-negative normalized ``words``
+    (``bits <= _WORD_BITS``)."""
+    first, offset = divmod(start, _WORD_BITS)
+    if first >= len(words):
+        return np.zeros(words.shape[1:], np.int64)
+    field = words[first] >> offset
+    if offset + bits > _WORD_BITS and first + 1 < len(words):
+        field = field | (words[first + 1] << (_WORD_BITS - offset))
+    return field & ((1 << bits) - 1)
+
+
+def _row_max(words: np.ndarray, seen: np.ndarray) -> np.ndarray:
+    """``[count, r]``: each row's largest value over its ``seen`` columns (``[count, r, C]``
+    normalized words; every row sees a column)."""
+    candidates = seen.copy()
+    top = np.empty(words.shape[:2], np.int64)
+    for w in reversed(range(len(words))):
+        top[w] = np.where(candidates, words[w], np.iinfo(np.int64).min).max(axis=1)
+        candidates &= words[w] == top[w][:, None]
+    return top
 
 
 def _evaluate_group(
@@ -424,10 +520,10 @@ def _row_statistics(group: _Group, prec_bits: int) -> _RowStats:
     block = max(1, _ROW_CHUNK_ENTRIES // max(C, 1))
     for r0 in range(0, R, block):
         rs = slice(r0, min(r0 + block, R))
-        scores = _scores(q_int, k_int, rs, score_bits <= 62)
-        m = np.where(seen[rs], scores, scores.min()).max(axis=1)
-        w = exp.weights(m[:, None] - scores, seen[rs])
-        row_max += [int(x) for x in m]
+        scores = _scores(q_int, k_int, rs)
+        m = _row_max(scores, seen[rs])
+        w = exp.weights(_normalized(m[:, :, None] - scores), seen[rs])
+        row_max += _word_ints(m)
         row_sum += list(_limbs_to_ints(w.sum(axis=2)))
         wv = _int_matmul(w.astype(np.float64), _W_BITS, v_int)
         numerator += list((wv * do_ints[rs]).sum(axis=1))

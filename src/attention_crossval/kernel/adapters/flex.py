@@ -22,6 +22,11 @@ docs/forward-surface.md, "On the H200"):
 * no learnable sink (a sink would need an extra key column the adapter appends, which would test
   the adapter's arithmetic as much as the kernel's), no paged KV, no split-KV, no packed layout.
 
+One compile serves every case of a dtype, head dims, head counts and mask kind (and a batch
+or query length of 1: FlexAttention guards on those), not one per shape and mask: dynamic
+shapes from the first call and the mask's values in tensors (:func:`_flex`, :func:`_mask_mod`;
+tests/kernel/test_flex.py counts dynamo's traces on the CPU).
+
 ``spec.device`` is where the tensors go: "cuda" for the registered kernel; a "cpu" copy
 (:func:`on_cpu`) runs the adapter's code (masks, softcap, GQA, LSE) through FlexAttention's
 uncompiled path, which materializes the scores: Inductor's CPU backend does not return the LSE
@@ -105,30 +110,48 @@ def _spec() -> KernelSpec:
     )
 
 
+# Dynamic-shape settings a flex call traces under (torch.fx.experimental._config): sizes of 1
+# stay symbolic (one batch, one query block), and equal sizes are not assumed equal
+# (duck sizing tied a one-query case's block count to its batch size); otherwise each case's
+# lengths and batch recompiled.
+_SHAPE_CONFIG = {"backed_size_oblivious": True, "use_duck_shape": False}
+
+
 @functools.cache
-def _flex(compiled: bool) -> Any:
-    """``torch.compile(flex_attention)`` or the uncompiled ``flex_attention``. Cases differ in
-    shape and mask, so the compiled one recompiles (automatic dynamic shapes after the first);
-    past dynamo's recompile limit (8) it would silently run the unfused eager path instead of
-    the kernel under test: the limit is raised, and hitting it is an error."""
+def _flex(backend: Any) -> Any:
+    """``torch.compile(flex_attention, dynamic=True)`` for ``backend`` (Inductor for the
+    kernel, a counting backend in tests), or the uncompiled ``flex_attention`` for None.
+
+    Dynamic from the first call, under :data:`_SHAPE_CONFIG`, and with the mask's window and
+    lengths in tensors (:func:`_mask_mod`), a compile serves every batch, length, scale and
+    window of one dtype, head dims, head counts (FlexAttention makes those static) and mask
+    kind. Past dynamo's recompile limit (8) it would silently run the unfused eager path
+    instead of the kernel under test: the limit is raised, and hitting it is an error."""
     import torch
     from torch.nn.attention.flex_attention import flex_attention
 
-    if not compiled:
+    if backend is None:
         return flex_attention
     torch._dynamo.config.recompile_limit = 1 << 12
     torch._dynamo.config.fail_on_recompile_limit_hit = True
-    return torch.compile(flex_attention)
+    return torch.compile(flex_attention, backend=backend, dynamic=True)
 
 
 def _mask_mod(case: AttentionCase, device: str) -> Any:
-    """The case's visibility (``reference/masks.py``'s rule) as a FlexAttention ``mask_mod``."""
+    """The case's visibility (``reference/masks.py``'s rule) as a FlexAttention ``mask_mod``.
+
+    Lengths, windows and the explicit mask are captured tensors, graph inputs to a compiled
+    call, and only the mask kind is Python bools: a captured Python int is a constant dynamo
+    may specialize on (torch 2.13 keeps it symbolic under ``dynamic=True``; earlier versions'
+    ``specialize_int`` did not)."""
     import torch
 
     mask = case.mask
     q_len = _torch.int32_tensor([case.q_length(b) for b in range(case.B)], device)
     k_len = _torch.int32_tensor([case.k_length(b) for b in range(case.B)], device)
     offset = k_len - q_len if mask.alignment is CausalAlignment.BOTTOM_RIGHT else q_len * 0
+    causal, left, right = mask.causal, mask.window_left, mask.window_right
+    windows = _torch.int32_tensor([left or 0, right or 0], device)
     shape = (case.B, case.Hq, case.Sq, case.Sk)
     explicit = None
     if mask.explicit is not None:
@@ -137,12 +160,12 @@ def _mask_mod(case: AttentionCase, device: str) -> Any:
     def mask_mod(b: Any, h: Any, q: Any, kv: Any) -> Any:
         ok = (q < q_len[b]) & (kv < k_len[b])
         diagonal = q + offset[b]
-        if mask.causal:
+        if causal:
             ok = ok & (kv <= diagonal)
-        if mask.window_left is not None:
-            ok = ok & (kv >= diagonal - mask.window_left)
-        if mask.window_right is not None:
-            ok = ok & (kv <= diagonal + mask.window_right)
+        if left is not None:
+            ok = ok & (kv >= diagonal - windows[0])
+        if right is not None:
+            ok = ok & (kv <= diagonal + windows[1])
         if explicit is not None:
             ok = ok & explicit[b, h, q, kv]
         return ok
@@ -157,10 +180,11 @@ class FlexAttentionAdapter:
 
     spec: KernelSpec = field(default_factory=_spec)
     checks: frozenset[str] = frozenset({"padding-read", "hidden-nan", "determinism", "nonfinite"})
-    compiled: bool = True
+    backend: Any = "inductor"  # torch.compile's; None: the uncompiled path
 
     def __call__(self, case: AttentionCase) -> AttentionResult:
         import torch
+        from torch.fx.experimental import _config as shape_config
         from torch.nn.attention.flex_attention import AuxRequest, create_block_mask
 
         device = self.spec.device
@@ -175,9 +199,12 @@ class FlexAttentionAdapter:
             # torch 2.11 on the H200); one compiled kernel then serves every cap.
             cap = torch.tensor(case.softcap, dtype=torch.float32, device=device)
             score_mod = lambda s, b, h, q, kv: cap * torch.tanh(s / cap)  # noqa: E731
-        with warnings.catch_warnings():  # the uncompiled path warns that it is not fused
+        with (
+            warnings.catch_warnings(),  # the uncompiled path warns that it is not fused
+            shape_config.patch(_SHAPE_CONFIG),
+        ):
             warnings.filterwarnings("ignore", "flex_attention called without torch.compile")
-            o, aux = _flex(self.compiled)(
+            o, aux = _flex(self.backend)(
                 q,
                 k,
                 v,
@@ -235,4 +262,4 @@ def create() -> FlexAttentionAdapter:
 
 def on_cpu() -> FlexAttentionAdapter:
     """The same adapter on CPU tensors (Inductor's CPU backend), for tests without a GPU."""
-    return FlexAttentionAdapter(spec=dataclasses.replace(_spec(), device="cpu"), compiled=False)
+    return FlexAttentionAdapter(spec=dataclasses.replace(_spec(), device="cpu"), backend=None)

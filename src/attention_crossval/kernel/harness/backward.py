@@ -422,10 +422,14 @@ def bound_findings(
     """``dq-bound`` / ``dk-bound`` / ``dv-bound``: each result against float64 (every element)
     and exact (samples) with the declared chain's derived bounds, with the triage."""
     findings = []
+    # One comparison per result and tier covers the three gradients.
+    compared = [
+        {t: r for t in ("float64", "exact") if (r := refs.compare(result, t, spec)) is not None}
+        for result in results
+    ]
     for g in GRADIENTS:
-        for result in results:
-            reports = {t: refs.compare(result, t, spec) for t in ("float64", "exact")}
-            reports = {t: r[g] for t, r in reports.items() if r is not None}
+        for result, by_tier in zip(results, compared, strict=True):
+            reports = {t: r[g] for t, r in by_tier.items()}
             if any(r.mismatched for r in reports.values()):
                 findings.append(Finding(f"{g}-bound", _triage(refs, spec, result, g, reports)))
                 break

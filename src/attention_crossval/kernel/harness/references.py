@@ -28,7 +28,7 @@ import numpy as np
 from attention_crossval.kernel.contract.spec import KernelSpec
 from attention_crossval.kernel.harness.phases import in_phase, phase
 from attention_crossval.kernel.harness.verdict import Finding, chain_hint
-from attention_crossval.reference.bounds import error_bound, lse_error_bound
+from attention_crossval.reference.bounds import forward_error_bounds
 from attention_crossval.reference.case import AttentionCase, AttentionResult
 from attention_crossval.reference.compare import compare
 from attention_crossval.reference.exact import ExactResult, exact_attention, sample_rows
@@ -289,8 +289,7 @@ class CaseReferences:
                 ref = AttentionResult(
                     o=reference.o[b : b + 1, :, heads], lse=reference.lse[b : b + 1, heads]
                 )
-                bound = error_bound(sub, ref, precision, **options)
-                lse_bound = lse_error_bound(sub, ref, precision, **options)
+                bound, lse_bound = forward_error_bounds(sub, ref, precision, **options)
                 return [(bound[0, :, j], lse_bound[0, j]) for j in range(len(hs))]
 
             bound = np.zeros((case.B, case.Sq, case.Hq, case.Dv))
