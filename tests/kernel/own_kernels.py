@@ -1,7 +1,7 @@
 """What the tests of the own CuTe DSL kernels share (test_own_kernels.py for SM90,
 test_own_sm90_fp8.py, test_own_sm100.py): the compile configurations, the skips without
-cutlass or tvm_ffi, the DSL arch fixture of the launch tests, the spill check and the targeted
-cases."""
+cutlass or tvm_ffi, the DSL arch and compile-counting fixtures of the launch tests, the spill
+check and the targeted cases."""
 
 from __future__ import annotations
 
@@ -84,3 +84,21 @@ def dsl_arch_sm90a() -> Iterator[None]:
         yield
     finally:
         del envar.arch
+
+
+@pytest.fixture
+def launch_compiles(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
+    """The keys of every compile the own adapters' launch asks ``_cute.compiled`` for, from an
+    empty compile cache (so a test sees its own compiles, and a reuse as no new key)."""
+    from attention_crossval.kernel.adapters import _cute
+
+    keys: list[tuple] = []
+    real_compiled = _cute.compiled
+
+    def counted(key: tuple, make_kernel: object) -> tuple:
+        keys.append(key)
+        return real_compiled(key, make_kernel)
+
+    monkeypatch.setattr(_cute, "compiled", counted)
+    monkeypatch.setattr(_cute, "_COMPILED", {})
+    return keys

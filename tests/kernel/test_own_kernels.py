@@ -45,6 +45,7 @@ from tests.kernel.own_kernels import (
     TARGETED,
     assert_no_spills,
     dsl_arch_sm90a,  # noqa: F401 - a fixture, used by name
+    launch_compiles,  # noqa: F401 - a fixture, used by name
     needs_cutlass,
     needs_tvm_ffi,
     ramp_case,
@@ -922,7 +923,8 @@ def test_own_sm90_overlap_switch(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.usefixtures("dsl_arch_sm90a")
 @pytest.mark.parametrize("path", ["dense, default knobs", "varlen + window, persistent"])
 def test_own_sm90_launch_calls_tvm_ffi_with_the_tensors_as_given(
-    monkeypatch: pytest.MonkeyPatch, path: str
+    launch_compiles: list[tuple],  # noqa: F811 - the fixture
+    path: str,
 ) -> None:
     """The launch path itself, on the CPU: ``launch`` / ``launch_full`` compile their variant
     for sm_90a with TVM-FFI once (the second call reuses it) and hand the arrays to the
@@ -934,15 +936,7 @@ def test_own_sm90_launch_calls_tvm_ffi_with_the_tensors_as_given(
     there (skipped without torch); numpy float16 arrays through DLPack on the varlen path."""
     from attention_crossval.kernel.adapters import _cute, own_sm90
 
-    compiles: list[tuple] = []
-
-    def counted(key: tuple, make_kernel: object) -> tuple:
-        compiles.append(key)
-        return real_compiled(key, make_kernel)
-
-    real_compiled = _cute.compiled
-    monkeypatch.setattr(_cute, "compiled", counted)
-    monkeypatch.setattr(_cute, "_COMPILED", {})
+    compiles = launch_compiles
     if path.startswith("dense"):
         torch = pytest.importorskip("torch")
         q, k, v, out = (torch.zeros(2, 256, 4, 64, dtype=torch.bfloat16) for _ in range(4))

@@ -28,6 +28,7 @@ import pytest
 from attention_crossval.kernel.own.sm90.fp8_layout import fp8_key_order, padded_keys
 from tests.kernel.own_kernels import (
     dsl_arch_sm90a,  # noqa: F401 - a fixture, used by name
+    launch_compiles,  # noqa: F401 - a fixture, used by name
     needs_cutlass,
     needs_tvm_ffi,
 )
@@ -386,7 +387,7 @@ def test_own_sm90_fp8_adapter_declares_and_hands_over_the_fp8_case() -> None:
 @needs_tvm_ffi
 @pytest.mark.usefixtures("dsl_arch_sm90a")
 def test_fp8_launch_goes_through_the_own_kernels_tvm_ffi_launch(
-    monkeypatch: pytest.MonkeyPatch,
+    launch_compiles: list[tuple],  # noqa: F811 - the fixture
 ) -> None:
     """``own_sm90_fp8.launch`` copies V keys-contiguous and calls the own kernels' TVM-FFI launch
     (``_cute.launch``), as the 16-bit adapters do: one sm_90a compile per variant (a second
@@ -397,15 +398,7 @@ def test_fp8_launch_goes_through_the_own_kernels_tvm_ffi_launch(
     torch = pytest.importorskip("torch")
     from attention_crossval.kernel.adapters import _cute, own_sm90_fp8
 
-    compiles: list[tuple] = []
-
-    def counted(key: tuple, make_kernel: object) -> tuple:
-        compiles.append(key)
-        return real_compiled(key, make_kernel)
-
-    real_compiled = _cute.compiled
-    monkeypatch.setattr(_cute, "compiled", counted)
-    monkeypatch.setattr(_cute, "_COMPILED", {})
+    compiles = launch_compiles
     q, k, v = (torch.zeros(2, 200, 2, 64).to(torch.float8_e4m3fn) for _ in range(3))
     out, lse = torch.zeros(2, 200, 2, 64, dtype=torch.bfloat16), torch.zeros(2, 2, 200)
     descales = tuple(torch.ones(2, 2) for _ in range(3))
