@@ -42,7 +42,7 @@ WHY = {
     "turns rows non-finite, 0 * NaN = NaN",
     "hidden-nan": "the kernel loads K/V rows that the mask hides from every query and weights "
     "them by 0: NaN there (a KV cache holds anything outside the mask) turns rows non-finite",
-    "determinism": "two runs on the same inputs give different bits",
+    "determinism": "runs on the same inputs give different bits",
     "error": "the call raises on a case inside the kernel's declaration",
 }
 # The one-line triage of a check other than bound (whose finding carries its own).

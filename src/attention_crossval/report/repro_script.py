@@ -30,7 +30,7 @@ SCRIPT_CHECKS = {
     "nonfinite": "O and LSE finite on every row that must be written, clean inputs",
     "padding-read": "rows finite with zero padding but not with NaN padding",
     "hidden-nan": "rows finite until NaN goes into K/V rows that no query sees",
-    "determinism": "two runs on the same inputs agree bit for bit",
+    "determinism": "ten runs on the same inputs agree bit for bit (a race shows on some only)",
     "error": "the call returns instead of raising",
 }
 INLINE_BYTES = 3000  # a compressed case up to this size goes inline, as base64
@@ -537,21 +537,28 @@ def check(q, k, v, inputs):
 '''
 
 _DETERMINISM = '''
-def check(q, k, v, inputs):
-    """Two runs on the same inputs give the same bits."""
+def check(q, k, v, inputs, runs=10):
+    """Every run on the same inputs gives the first run's bits. Several runs, not two: a race
+    between thread blocks shows on some runs only."""
     q, k, v = with_padding(q, k, v, 0.0)
-    (o1, lse1), (o2, lse2) = run_kernel(q, k, v, 0.0), run_kernel(q, k, v, 0.0)
+    o1, lse1 = run_kernel(q, k, v, 0.0)
     rows = valid_rows(*q.shape[:3])
-    differ = (o1.view(np.uint64) != o2.view(np.uint64)) & rows[..., None]
-    print(f"{int(differ.sum())} elements of O differ between two runs")
-    if differ.any():
-        at = tuple(int(x) for x in np.argwhere(differ)[0])
-        print(f"first at (b, i, h, d) = {at}: {float(o1[at])!r} then {float(o2[at])!r}")
-    if lse1 is not None and lse2 is not None:
-        lse_differ = (lse1.view(np.uint64) != lse2.view(np.uint64)) & rows.transpose(0, 2, 1)
-        print(f"{int(lse_differ.sum())} LSE values differ")
-        return bool(differ.any() or lse_differ.any())
-    return bool(differ.any())
+    differing = 0
+    for run in range(2, runs + 1):
+        o2, lse2 = run_kernel(q, k, v, 0.0)
+        differ = (o1.view(np.uint64) != o2.view(np.uint64)) & rows[..., None]
+        lse_differ = np.zeros(1, bool)
+        if lse1 is not None and lse2 is not None:
+            lse_differ = (lse1.view(np.uint64) != lse2.view(np.uint64)) & rows.transpose(0, 2, 1)
+        if differ.any() or lse_differ.any():
+            differing += 1
+            print(f"run {run}: {int(differ.sum())} elements of O and {int(lse_differ.sum())} "
+                  f"LSE values differ from run 1")
+            if differ.any():
+                at = tuple(int(x) for x in np.argwhere(differ)[0])
+                print(f"  first at (b, i, h, d) = {at}: {float(o1[at])!r} then {float(o2[at])!r}")
+    print(f"{differing} of {runs - 1} reruns differ from the first run")
+    return differing > 0
 '''
 
 _ERROR = '''
