@@ -15,7 +15,8 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from attention_crossval.reference.masks import CausalAlignment, hidden_keys
+from attention_crossval.reference.alignment import CausalAlignment
+from attention_crossval.reference.masks import hidden_keys
 
 # Element budget per array (q, k, v and the output o each) of a case or a report config: the
 # tiers' float64 copies of a larger case exhaust a workstation, so it is refused up front instead

@@ -2,27 +2,20 @@
 
 Both reference tiers and every adapter call :func:`visible`, so a mask convention is defined
 in exactly one place (see ``Mask`` for the rules, :class:`CausalAlignment` for the diagonal).
-The case model (reference/case.py) imports this module, for the alignment and to let K/V hold
-anything where :func:`hidden_keys` says no row looks; this module reads cases without
-importing that one.
+The case model (reference/case.py) imports this module to let K/V hold anything where
+:func:`hidden_keys` says no row looks; this module reads cases without importing that one.
 """
 
 from __future__ import annotations
 
-import enum
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from attention_crossval.reference.alignment import CausalAlignment
+
 if TYPE_CHECKING:  # reference.case imports this module
     from attention_crossval.reference.case import AttentionCase
-
-
-class CausalAlignment(enum.Enum):
-    """Where the causal diagonal sits when Sq != Sk; windows are relative to the same diagonal."""
-
-    BOTTOM_RIGHT = "bottom_right"  # FlashAttention: key j visible from query i iff j <= i + Sk - Sq
-    TOP_LEFT = "top_left"  # torch SDPA is_causal: key j visible from query i iff j <= i
 
 
 def visible(
