@@ -342,3 +342,16 @@ def test_visible_v_range_is_the_spread_over_visible_keys() -> None:
         want = np.ptp(v[b, keys, h, :], axis=0).max() if keys.any() else 0.0
         assert got[b, h, i] == want
     assert (got == 0).any() and (got > 0).any()
+
+
+def test_visible_v_range_reads_the_dequantized_v() -> None:
+    """An FP8 case's O is made of ``v * v_descale``: its vacuous-bound range is that V's (the
+    raw FP8 range was counted, about 100 times too wide under an amax descale)."""
+    rng = np.random.default_rng(3)
+    q, k = (round_to(rng.standard_normal((1, S, 1, 16)), "float8_e4m3fn") for S in (4, 9))
+    v = round_to(100 * rng.standard_normal((1, 9, 1, 16)), "float8_e4m3fn")
+    arrays = [a.astype(INPUT_DTYPES["float8_e4m3fn"]) for a in (q, k, v)]
+    raw = visible_v_range(AttentionCase(*arrays))
+    descaled = AttentionCase(*arrays, v_descale=np.full((1, 1), 0.01, np.float32))
+    np.testing.assert_allclose(visible_v_range(descaled), raw * np.float32(0.01), rtol=1e-15)
+    assert (raw > 0).all()

@@ -506,13 +506,16 @@ def _on_rows(row_sum: np.ndarray, out: np.ndarray) -> np.ndarray:
 
 def visible_v_range(case: AttentionCase) -> np.ndarray:
     """``[B, Hq, Sq]``: the row's V range, ``max_c (max_j v_jc - min_j v_jc)`` over the keys j
-    the row sees (0 for an empty row). ``o_c`` lies in column c's range, so an O bound of at
-    least this cannot tell a right answer from a wrong weighting: it is *vacuous*."""
+    the row sees (0 for an empty row), of the dequantized V (times ``v_descale``) that O is
+    made of. ``o_c`` lies in column c's range, so an O bound of at least this cannot tell a
+    right answer from a wrong weighting: it is *vacuous*."""
     out = np.zeros((case.B, case.Hq, case.Sq))
     rows_per_chunk = max(1, _ROW_CHUNK_ELEMENTS // max(case.Sk * case.Dv, 1))
     for b in range(case.B):
         for h in range(case.Hq):
             v = case.v[b, :, case.kv_head(h), :].astype(np.float64)
+            if case.v_descale is not None:
+                v = v * case.descale("v", b, case.kv_head(h))
             for r0 in range(0, case.Sq, rows_per_chunk):
                 rows = slice(r0, min(r0 + rows_per_chunk, case.Sq))
                 seen = visible(case, b, h, rows)[:, :, None]
