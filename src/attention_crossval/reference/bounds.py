@@ -513,9 +513,8 @@ def visible_v_range(case: AttentionCase) -> np.ndarray:
     rows_per_chunk = max(1, _ROW_CHUNK_ELEMENTS // max(case.Sk * case.Dv, 1))
     for b in range(case.B):
         for h in range(case.Hq):
-            v = case.v[b, :, case.kv_head(h), :].astype(np.float64)
-            if case.v_descale is not None:
-                v = v * case.descale("v", b, case.kv_head(h))
+            kv_head = case.kv_head(h)  # times 1.0 (exact) without a descale
+            v = case.v[b, :, kv_head, :].astype(np.float64) * case.descale("v", b, kv_head)
             for r0 in range(0, case.Sq, rows_per_chunk):
                 rows = slice(r0, min(r0 + rows_per_chunk, case.Sq))
                 seen = visible(case, b, h, rows)[:, :, None]
