@@ -403,6 +403,16 @@ def nonfinite_rows(o, lse, seen):
     return bad
 '''
 
+_RATIO = '''
+def bound_ratios(got, expected, bound, seen):
+    """(|got - expected|, its ratio to ``bound``) where ``seen``, 0 elsewhere: a NaN error
+    counts as inf, and so does any error where the bound is 0."""
+    error = np.abs(got - expected)
+    error = np.where(np.isnan(error), np.inf, error)
+    ratio = np.divide(error, bound, out=np.where(error > 0, np.inf, 0.0), where=bound > 0)
+    return error, np.where(seen, ratio, 0.0)
+'''
+
 _BOUND = '''
 def check(q, k, v, inputs):
     """O within the per-element bound (inputs["bound"]) of float64 attention."""
@@ -410,10 +420,7 @@ def check(q, k, v, inputs):
     expected, _ = reference(q, k, v)
     bound = inputs["bound"]
     seen = (rows_seeing_keys(*q.shape[:3], k.shape[1]) & valid_rows(*q.shape[:3]))[..., None]
-    error = np.abs(o - expected)
-    error = np.where(np.isnan(error), np.inf, error)
-    ratio = np.divide(error, bound, out=np.where(error > 0, np.inf, 0.0), where=bound > 0)
-    ratio = np.where(seen, ratio, 0.0)
+    error, ratio = bound_ratios(o, expected, bound, seen)
     at = np.unravel_index(np.argmax(ratio), ratio.shape)
     print(f"worst element (b, i, h, d) = {tuple(int(x) for x in at)}:")
     print(f"  kernel            {float(o[at])!r}")
@@ -435,10 +442,7 @@ def check(q, k, v, inputs):
     bound = inputs["lse_bound"]
     seen = rows_seeing_keys(*q.shape[:3], k.shape[1]) & valid_rows(*q.shape[:3])
     seen = seen.transpose(0, 2, 1)
-    error = np.abs(lse - expected)
-    error = np.where(np.isnan(error), np.inf, error)
-    ratio = np.divide(error, bound, out=np.where(error > 0, np.inf, 0.0), where=bound > 0)
-    ratio = np.where(seen, ratio, 0.0)
+    error, ratio = bound_ratios(lse, expected, bound, seen)
     at = np.unravel_index(np.argmax(ratio), ratio.shape)
     print(f"worst row (b, h, i) = {tuple(int(x) for x in at)}:")
     print(f"  kernel LSE            {float(lse[at])!r}")
@@ -576,8 +580,8 @@ def check(q, k, v, inputs):
 '''
 
 _CHECKS = {
-    "bound": _BOUND,
-    "lse": _LSE,
+    "bound": _RATIO + _BOUND,
+    "lse": _RATIO + _LSE,
     "empty-rows": _EMPTY,
     "nonfinite": _ROWS + _NONFINITE,
     "padding-read": _ROWS + _PADDING,
