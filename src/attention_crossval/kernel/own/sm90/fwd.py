@@ -1076,12 +1076,20 @@ class FlashAttentionForwardSm90:
             if row0 + cO[i][0] < seqlen_q:
                 tOgO[i] = rO[i]
 
-        cO_mn = acc_rows_cols(cO)
-        gLSE = mLSE[None, head, batch]
+        self.store_lse(lse, acc_rows_cols(cO), mLSE, tile, tidx)
+
+    @cute.jit
+    def store_lse(
+        self, lse: cute.Tensor, cO_mn: cute.Tensor, mLSE: cute.Tensor, tile: Tile, tidx: Int32
+    ) -> None:
+        """The thread's rows of ``lse`` (``cO_mn``: the coordinates of its O fragment, rows by
+        columns) to ``mLSE``, by the first lane of each row's quad, rows below ``seqlen_q``."""
+        gLSE = mLSE[None, tile.head, tile.batch]
+        row0 = tile.m_block * self.tile_m
         if tidx % 4 == 0:  # the first lane of each row's quad
-            for r in cutlass.range_constexpr(num_rows):
+            for r in cutlass.range_constexpr(cute.size(lse)):
                 row = row0 + cO_mn[r, 0][0]
-                if row < seqlen_q:
+                if row < tile.seqlen_q:
                     gLSE[row] = lse[r]
 
     @cute.jit
@@ -1145,17 +1153,10 @@ class FlashAttentionForwardSm90:
         else:
             self.store_rows_from_smem(sO, gO, tidx, seqlen_q - row0)
 
-        cO_mn = acc_rows_cols(
-            pv_mma.get_slice(tidx).partition_C(
-                cute.make_identity_tensor((self.tile_m, self.head_dim))
-            )
+        cO = pv_mma.get_slice(tidx).partition_C(
+            cute.make_identity_tensor((self.tile_m, self.head_dim))
         )
-        gLSE = mLSE[None, head, batch]
-        if tidx % 4 == 0:  # the first lane of each row's quad
-            for r in cutlass.range_constexpr(num_rows):
-                row = row0 + cO_mn[r, 0][0]
-                if row < seqlen_q:
-                    gLSE[row] = lse[r]
+        self.store_lse(lse, acc_rows_cols(cO), mLSE, tile, tidx)
 
     @cute.jit
     def store_rows_from_smem(
