@@ -281,6 +281,40 @@ def test_ds_flushes_subnormals_is_outside_the_scaled_chains_bound() -> None:
     assert_needs_its_own_bound(tiny_do_case(0), scaled, flushes, block=16, grads=("dq", "dk"))
 
 
+def flush(x: np.ndarray) -> np.ndarray:
+    """float32 values below the smallest normal become 0, as a flush-to-zero unit gives."""
+    return np.where(np.abs(x) < np.finfo(np.float32).tiny, np.float32(0), x).astype(np.float32)
+
+
+def test_flush_to_zero_dv_accumulator_stays_within_the_bound() -> None:
+    """dO of 2^-128 makes every product P dO of dv, and dv itself, a subnormal: an fp32
+    accumulator that flushes them (GPU tensor cores and conversions may; torch SDPA's cuDNN
+    backend missed a float64 dv of -1.5e-39 by 8x the bound without the underflow term, on
+    the H200) loses all of dv. The relative gamma_N cannot bound that (51x); the underflow
+    term 2 N f does, while an error of 2^7 smallest normals beyond it still fails."""
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((1, 32, 1, 16)).astype(ml_dtypes.bfloat16) for _ in range(3))
+    do = (rng.standard_normal((1, 32, 1, 16)) * 2.0**-128).astype(ml_dtypes.bfloat16)
+    case = BackwardCase(AttentionCase(q, k, v), do)
+    precision = chain("bfloat16", "ds_flushes_subnormals")
+    exact = exact_backward(case)
+    assert np.abs(exact.dv).max() < np.finfo(np.float32).tiny  # every dv is subnormal
+    got = streaming_backward(case, precision, block_m=16, block_n=16)
+    s = q[0, :, 0].astype(np.float64) @ k[0, :, 0].astype(np.float64).T
+    s *= case.forward.softmax_scale
+    p = np.exp(s - s.max(axis=1, keepdims=True))
+    p = (p / p.sum(axis=1, keepdims=True)).astype(ml_dtypes.bfloat16).astype(np.float32)
+    dv = np.zeros((32, 16), np.float32)
+    for i in range(32):  # dV += P^T dO, one query at a time, every product and sum flushed
+        dv = flush(dv + flush(p[i][:, None] * do[0, i, 0].astype(np.float32)[None, :]))
+    assert not dv.any()
+    flushed = dataclasses.replace(got, dv=dv.astype(ml_dtypes.bfloat16)[None, :, None, :])
+    bounds = backward_error_bound(case, precision, exact.as_gradients())
+    assert bound_fractions(flushed, exact, bounds)["dv"].max() <= 1
+    off = dataclasses.replace(flushed, dv=flushed.dv + np.finfo(np.float32).tiny * 2**7)
+    assert bound_fractions(off, exact, bounds)["dv"].max() > 1
+
+
 @given(
     backward_cases(max_len=40, max_heads=4, dtypes=("float16",), do_distributions=("tiny",)),
     st.sampled_from([4, 16, 64]),

@@ -35,6 +35,11 @@ summation order or blocking is a summation tree of them, so ``gamma_N`` covers a
         of the group): dS's columns do not sum to zero, so no term cancels
     dv: sum_i wP |dO_i| + gamma_N(u_m) sum_i (P + wP) |dO_i|
 
+and each adds ``2 N f``, times ``max(1, scale)`` for dq and dk: gamma_N covers the rounding of
+normal results only, and each of the N products and N - 1 additions may underflow (flushed
+to zero in a flush-to-zero accumulator, as GPU kernels run) and lose up to ``f``. It is 2^-112
+at 16k products, and decides only where a gradient is itself near ``f`` (a tiny dO).
+
 with ``ds_scaled`` (dS multiplied by the scale before its 16-bit rounding) the same holds with
 ``sigma_dS / 2`` divided by the scale (the rounding's absolute step, in unscaled units; the
 multiply's own rounding is the scale term's ``(1 + u)^2``). With ``ds_flushes_subnormals``
@@ -229,11 +234,22 @@ def backward_error_bound(
         rounded = total + chain.u_o * (magnitude + total) + g * chain.half_sub_o
         return rounded + gamma(g - 1, u) * (1 + chain.u_o) * heads
 
+    def with_underflow(total: np.ndarray, magnitude: np.ndarray, n: int, scaled_units: bool):
+        # Each of the N products and N - 1 additions may underflow (below f), which the
+        # relative gamma_N does not cover; dq and dk carry the scale, in or after the sums.
+        # Elements no pair reaches sum no products and stay exact.
+        loss = 2 * n * chain.ftz * (max(1.0, scale) if scaled_units else 1.0)
+        return np.where((total > 0) | (magnitude > 0), total + loss, total)
+
     dq_mag, dk_mag = scale * sums.dq_mag, scale * sums.dk_mag
-    dk_total = per_head(scaled(sums.dk_x, sums.dk_xs, sums.dk_mag, n_dkv), dk_mag)
-    dv_total = per_head(sums.dv_w + gamma(n_dkv, chain.u_m) * sums.dv_ws, sums.dv_mag)
+    dq_total = scaled(sums.dq_x, sums.dq_xs, sums.dq_mag, n_dq)
+    dq_total = with_underflow(dq_total, dq_mag, n_dq, True)
+    dk_total = scaled(sums.dk_x, sums.dk_xs, sums.dk_mag, n_dkv)
+    dk_total = per_head(with_underflow(dk_total, dk_mag, n_dkv, True), dk_mag)
+    dv_total = sums.dv_w + gamma(n_dkv, chain.u_m) * sums.dv_ws
+    dv_total = per_head(with_underflow(dv_total, sums.dv_mag, n_dkv, False), sums.dv_mag)
     return GradientBounds(
-        dq=finish(scaled(sums.dq_x, sums.dq_xs, sums.dq_mag, n_dq), dq_mag, reference.dq),
+        dq=finish(dq_total, dq_mag, reference.dq),
         dk=finish(dk_total, dk_mag, reference.dk),
         dv=finish(dv_total, sums.dv_mag, reference.dv),
         dq_scale=scale * sums.dq_resolved,
