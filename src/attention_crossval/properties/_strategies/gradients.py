@@ -148,7 +148,9 @@ def _orthogonal(ctx: GradientContext) -> np.ndarray:
             v = _valid_v(c, b, c.kv_head(h))
             if v.shape[0] == 0:
                 continue
-            direction = np.linalg.svd(v, full_matrices=True)[2][-1]  # least singular direction
+            # The least singular direction: every right singular vector takes full matrices
+            # when there are fewer keys than Dv, and only then (a 16k-key V's U is 2 GB).
+            direction = np.linalg.svd(v, full_matrices=v.shape[0] < c.Dv)[2][-1]
             do[b, :, h, :] = rng.choice([-4.0, -1.0, 1.0, 4.0], size=(c.Sq, 1)) * direction
     return do
 
