@@ -92,3 +92,20 @@ def test_one_compile_serves_every_length_batch_scale_and_window_of_a_mask_kind()
     assert traces([window(1, 64, 129, 9, 0.2), window(3, 1, 100, 2), window(2, 7, 8, 1)]) == 3
     lengths = Mask(q_lengths=(17, 3), k_lengths=(90, 20))
     assert traces([_case(2, 17, 90, 4, 2, lengths), _case(2, 17, 130, 4, 2, lengths)]) == 4
+
+
+def test_the_sparse_block_size_is_a_constant_of_the_compiled_call() -> None:
+    """Only tensors and lengths are inputs of the compiled call: a block size passed in with
+    the BlockMask becomes a symbol under ``dynamic=True``, which Inductor's Triton lowering of
+    flex_attention failed on (torch 2.11, every case on the H200)."""
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    from attention_crossval.kernel.adapters.flex import on_cpu
+
+    inputs: list[str] = []
+
+    def backend(graph, example_inputs):
+        inputs.extend(node.name for node in graph.graph.nodes if node.op == "placeholder")
+        return graph.forward
+
+    dataclasses.replace(on_cpu(), backend=backend)(CASES["causal-varlen-gqa"])
+    assert inputs and not [name for name in inputs if "block_size" in name.lower()], inputs

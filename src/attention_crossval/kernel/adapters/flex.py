@@ -117,10 +117,45 @@ def _spec() -> KernelSpec:
 _SHAPE_CONFIG = {"backed_size_oblivious": True, "use_duck_shape": False}
 
 
+# The block mask's sparse block, the same for every case. Inside the compiled call it is a
+# constant: a block size passed in with the BlockMask became a symbol under dynamic=True, and
+# Inductor's Triton lowering of flex_attention (torch 2.11) then failed on every case
+# ("LoweringException: TypeError: unsupported operand type(s) for &: 'floor' and 'Add'").
+SPARSE_BLOCK = 128
+
+
+def _flex_blocks(
+    q: Any,
+    k: Any,
+    v: Any,
+    kv_num_blocks: Any,
+    kv_indices: Any,
+    full_kv_num_blocks: Any,
+    full_kv_indices: Any,
+    mask_mod: Any,
+    **options: Any,
+) -> Any:
+    """The forward ``flex_attention`` with the BlockMask rebuilt from its KV block tensors and
+    :data:`SPARSE_BLOCK` (so only tensors and the lengths are inputs of the compiled call)."""
+    from torch.nn.attention.flex_attention import BlockMask, flex_attention
+
+    block_mask = BlockMask.from_kv_blocks(
+        kv_num_blocks,
+        kv_indices,
+        full_kv_num_blocks,
+        full_kv_indices,
+        BLOCK_SIZE=SPARSE_BLOCK,
+        mask_mod=mask_mod,
+        seq_lengths=(q.shape[-2], k.shape[-2]),
+        compute_q_blocks=False,  # the backward's; building them guards on one Q block
+    )
+    return flex_attention(q, k, v, block_mask=block_mask, **options)
+
+
 @functools.cache
 def _flex(backend: Any) -> Any:
-    """``torch.compile(flex_attention, dynamic=True)`` for ``backend`` (Inductor for the
-    kernel, a counting backend in tests), or the uncompiled ``flex_attention`` for None.
+    """:func:`_flex_blocks` under ``torch.compile(dynamic=True)`` for ``backend`` (Inductor
+    for the kernel, a counting backend in tests), or uncompiled for None.
 
     Dynamic from the first call, under :data:`_SHAPE_CONFIG`, and with the mask's window and
     lengths in tensors (:func:`_mask_mod`), a compile serves every batch, length, scale and
@@ -128,13 +163,12 @@ def _flex(backend: Any) -> Any:
     kind. Past dynamo's recompile limit (8) it would silently run the unfused eager path
     instead of the kernel under test: the limit is raised, and hitting it is an error."""
     import torch
-    from torch.nn.attention.flex_attention import flex_attention
 
     if backend is None:
-        return flex_attention
+        return _flex_blocks
     torch._dynamo.config.recompile_limit = 1 << 12
     torch._dynamo.config.fail_on_recompile_limit_hit = True
-    return torch.compile(flex_attention, backend=backend, dynamic=True)
+    return torch.compile(_flex_blocks, backend=backend, dynamic=True)
 
 
 def _mask_mod(case: AttentionCase, device: str) -> Any:
@@ -190,7 +224,13 @@ class FlexAttentionAdapter:
         device = self.spec.device
         q, k, v = (_torch.to_device(getattr(case, n), device).transpose(1, 2) for n in "qkv")
         block_mask = create_block_mask(
-            _mask_mod(case, device), case.B, case.Hq, case.Sq, case.Sk, device=device
+            _mask_mod(case, device),
+            case.B,
+            case.Hq,
+            case.Sq,
+            case.Sk,
+            device=device,
+            BLOCK_SIZE=SPARSE_BLOCK,
         )
         score_mod = None
         if case.softcap is not None:
@@ -208,8 +248,12 @@ class FlexAttentionAdapter:
                 q,
                 k,
                 v,
+                block_mask.kv_num_blocks,
+                block_mask.kv_indices,
+                block_mask.full_kv_num_blocks,
+                block_mask.full_kv_indices,
+                block_mask.mask_mod,
                 score_mod=score_mod,
-                block_mask=block_mask,
                 scale=case.softmax_scale,
                 enable_gqa=case.group_size > 1,
                 return_aux=AuxRequest(lse=True),
