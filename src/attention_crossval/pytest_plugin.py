@@ -301,6 +301,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if unmarked:
         raise pytest.UsageError(f"every test must be marked cpu or gpu; unmarked: {unmarked[:5]}")
     _seed_own_tests(config, own)
+    if hasattr(config, "workerinput"):  # xdist hands tests out in the workers' order
+        _longest_first(items, own)
     gpu_items = [item for item in own if item.get_closest_marker("gpu")]
     if not gpu_items:
         return
@@ -313,6 +315,34 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason=f"gpu test skipped: {reason}"))
         elif item.get_closest_marker("blackwell") and not _is_blackwell():
             item.add_marker(pytest.mark.skip(reason="needs an SM100 (Blackwell) GPU; none here"))
+
+
+# This package's tests by the time one takes (seconds to minutes on a GPU: the backward's
+# exact tier and bounds, a kernel's compiles over every configuration it draws), longest first;
+# the rest after them. Under xdist a long test that starts last ends the run late.
+LONGEST_FIRST = (
+    "test_kernel_backward_passes_every_check",
+    "test_kernel_passes_every_check",
+    "test_own_sm90_passes_every_check",
+    "test_kernel_feature_passes_every_check",
+    "test_kernel_sweep_passes_every_check",
+)
+
+
+def _longest_first(items: list[pytest.Item], own: list[pytest.Item]) -> None:
+    """Reorder this package's tests longest first (:data:`LONGEST_FIRST`, otherwise as
+    collected) within the places they hold in ``items``; other tests keep theirs."""
+    if not own:
+        return
+    ours = {id(item) for item in own}
+    places = [i for i, item in enumerate(items) if id(item) in ours]
+
+    def rank(item: pytest.Item) -> int:
+        name = getattr(item, "originalname", item.name)
+        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    for place, item in zip(places, sorted(own, key=rank), strict=True):
+        items[place] = item
 
 
 def _seed_own_tests(config: pytest.Config, items: list[pytest.Item]) -> None:
