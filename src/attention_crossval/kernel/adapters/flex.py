@@ -22,10 +22,9 @@ docs/forward-surface.md, "On the H200"):
 * no learnable sink (a sink would need an extra key column the adapter appends, which would test
   the adapter's arithmetic as much as the kernel's), no paged KV, no split-KV, no packed layout.
 
-One compile serves every case of a dtype, head dims, head counts and mask kind (and a batch
-or query length of 1: FlexAttention guards on those), not one per shape and mask: dynamic
-shapes from the first call and the mask's values in tensors (:func:`_flex`, :func:`_mask_mod`;
-tests/kernel/test_flex.py counts dynamo's traces on the CPU).
+Compiles follow dynamo's automatic dynamic shapes (:func:`_flex`): static on a mask kind's first
+case, dynamic in what changes after; the mask's lengths and window are captured tensors
+(:func:`_mask_mod`), so their values do not recompile, but each new scale does.
 
 ``spec.device`` is where the tensors go: "cuda" for the registered kernel; a "cpu" copy
 (:func:`on_cpu`) runs the adapter's code (masks, softcap, GQA, LSE) through FlexAttention's
@@ -110,65 +109,27 @@ def _spec() -> KernelSpec:
     )
 
 
-# Dynamic-shape settings a flex call traces under (torch.fx.experimental._config): sizes of 1
-# stay symbolic (one batch, one query block), and equal sizes are not assumed equal
-# (duck sizing tied a one-query case's block count to its batch size); otherwise each case's
-# lengths and batch recompiled.
-_SHAPE_CONFIG = {"backed_size_oblivious": True, "use_duck_shape": False}
-
-
-# The block mask's sparse block, the same for every case. Inside the compiled call it is a
-# constant: a block size passed in with the BlockMask became a symbol under dynamic=True, and
-# Inductor's Triton lowering of flex_attention (torch 2.11) then failed on every case
-# ("LoweringException: TypeError: unsupported operand type(s) for &: 'floor' and 'Add'").
-SPARSE_BLOCK = 128
-
-
-def _flex_blocks(
-    q: Any,
-    k: Any,
-    v: Any,
-    kv_num_blocks: Any,
-    kv_indices: Any,
-    full_kv_num_blocks: Any,
-    full_kv_indices: Any,
-    mask_mod: Any,
-    **options: Any,
-) -> Any:
-    """The forward ``flex_attention`` with the BlockMask rebuilt from its KV block tensors and
-    :data:`SPARSE_BLOCK` (so only tensors and the lengths are inputs of the compiled call)."""
-    from torch.nn.attention.flex_attention import BlockMask, flex_attention
-
-    block_mask = BlockMask.from_kv_blocks(
-        kv_num_blocks,
-        kv_indices,
-        full_kv_num_blocks,
-        full_kv_indices,
-        BLOCK_SIZE=SPARSE_BLOCK,
-        mask_mod=mask_mod,
-        seq_lengths=(q.shape[-2], k.shape[-2]),
-        compute_q_blocks=False,  # the backward's; building them guards on one Q block
-    )
-    return flex_attention(q, k, v, block_mask=block_mask, **options)
-
-
 @functools.cache
 def _flex(backend: Any) -> Any:
-    """:func:`_flex_blocks` under ``torch.compile(dynamic=True)`` for ``backend`` (Inductor
-    for the kernel, a counting backend in tests), or uncompiled for None.
+    """``torch.compile(flex_attention)`` for ``backend`` (Inductor for the kernel, a counting
+    backend in tests), or the uncompiled ``flex_attention`` for None.
 
-    Dynamic from the first call, under :data:`_SHAPE_CONFIG`, and with the mask's window and
-    lengths in tensors (:func:`_mask_mod`), a compile serves every batch, length, scale and
-    window of one dtype, head dims, head counts (FlexAttention makes those static) and mask
-    kind. Past dynamo's recompile limit (8) it would silently run the unfused eager path
-    instead of the kernel under test: the limit is raised, and hitting it is an error."""
+    Static on the first call, then dynamic in whatever changed (dynamo's automatic dynamic
+    shapes); with the mask's lengths and window in tensors (:func:`_mask_mod`) later cases of
+    a dtype, head dims, head counts and mask kind mostly reuse a compile. Dynamic from the
+    first call (``dynamic=True``, sizes of 1 kept symbolic) traced once on the CPU but failed
+    Inductor's Triton lowering of every case on the H200 (torch 2.11, "unsupported operand
+    type(s) for &: 'floor' and 'Add'"; docs/results-h200.md). Past dynamo's recompile limit
+    (8) it would silently run the unfused eager path instead of the kernel under test: the
+    limit is raised, and hitting it is an error."""
     import torch
+    from torch.nn.attention.flex_attention import flex_attention
 
     if backend is None:
-        return _flex_blocks
+        return flex_attention
     torch._dynamo.config.recompile_limit = 1 << 12
     torch._dynamo.config.fail_on_recompile_limit_hit = True
-    return torch.compile(_flex_blocks, backend=backend, dynamic=True)
+    return torch.compile(flex_attention, backend=backend)
 
 
 def _mask_mod(case: AttentionCase, device: str) -> Any:
@@ -176,8 +137,7 @@ def _mask_mod(case: AttentionCase, device: str) -> Any:
 
     Lengths, windows and the explicit mask are captured tensors, graph inputs to a compiled
     call, and only the mask kind is Python bools: a captured Python int is a constant dynamo
-    may specialize on (torch 2.13 keeps it symbolic under ``dynamic=True``; earlier versions'
-    ``specialize_int`` did not)."""
+    specializes on, and recompiles for each new value."""
     import torch
 
     mask = case.mask
@@ -218,19 +178,12 @@ class FlexAttentionAdapter:
 
     def __call__(self, case: AttentionCase) -> AttentionResult:
         import torch
-        from torch.fx.experimental import _config as shape_config
         from torch.nn.attention.flex_attention import AuxRequest, create_block_mask
 
         device = self.spec.device
         q, k, v = (_torch.to_device(getattr(case, n), device).transpose(1, 2) for n in "qkv")
         block_mask = create_block_mask(
-            _mask_mod(case, device),
-            case.B,
-            case.Hq,
-            case.Sq,
-            case.Sk,
-            device=device,
-            BLOCK_SIZE=SPARSE_BLOCK,
+            _mask_mod(case, device), case.B, case.Hq, case.Sq, case.Sk, device=device
         )
         score_mod = None
         if case.softcap is not None:
@@ -239,21 +192,14 @@ class FlexAttentionAdapter:
             # torch 2.11 on the H200); one compiled kernel then serves every cap.
             cap = torch.tensor(case.softcap, dtype=torch.float32, device=device)
             score_mod = lambda s, b, h, q, kv: cap * torch.tanh(s / cap)  # noqa: E731
-        with (
-            warnings.catch_warnings(),  # the uncompiled path warns that it is not fused
-            shape_config.patch(_SHAPE_CONFIG),
-        ):
+        with warnings.catch_warnings():  # the uncompiled path warns that it is not fused
             warnings.filterwarnings("ignore", "flex_attention called without torch.compile")
             o, aux = _flex(self.backend)(
                 q,
                 k,
                 v,
-                block_mask.kv_num_blocks,
-                block_mask.kv_indices,
-                block_mask.full_kv_num_blocks,
-                block_mask.full_kv_indices,
-                block_mask.mask_mod,
                 score_mod=score_mod,
+                block_mask=block_mask,
                 scale=case.softmax_scale,
                 enable_gqa=case.group_size > 1,
                 return_aux=AuxRequest(lse=True),
