@@ -42,3 +42,26 @@ def test_pin_worker_gpu_makes_the_assigned_gpu_the_only_one(monkeypatch) -> None
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "5,7"
     pin_worker_gpu(_Config({"workerid": "gw1", "attention_gpu": "7"}))
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "7"
+
+
+@pytest.mark.parametrize("initialized", [True, False])
+def test_an_idle_kernel_worker_returns_torchs_cached_device_memory(
+    monkeypatch: pytest.MonkeyPatch, initialized: bool
+) -> None:
+    """Between calls a worker empties torch's CUDA cache, where CUDA is up (it never starts
+    CUDA for that) and where torch is loaded at all."""
+    import sys
+    from types import SimpleNamespace
+
+    from attention_crossval.kernel.harness.isolation import release_device_memory
+
+    emptied: list[int] = []
+    cuda = SimpleNamespace(
+        is_initialized=lambda: initialized, empty_cache=lambda: emptied.append(1)
+    )
+    monkeypatch.setitem(sys.modules, "torch", SimpleNamespace(cuda=cuda))
+    release_device_memory()
+    assert emptied == ([1] if initialized else [])
+    monkeypatch.delitem(sys.modules, "torch")
+    release_device_memory()  # no torch: nothing to do, and nothing imported
+    assert "torch" not in sys.modules

@@ -144,7 +144,18 @@ def _worker_main(kernel: str, conn: Any, caller_pid: int, environment: dict[str,
             return
         CLOCK.take()  # each reply carries the phases of its own call only
         reply = _answer(adapter, *message)
+        release_device_memory()
         conn.send((*reply, CLOCK.take()))
+
+
+def release_device_memory() -> None:
+    """Return torch's cached device memory between calls. A GPU run keeps a worker per kernel
+    in every xdist process, all on one GPU, and what each one's allocator kept from its largest
+    case added up: ``pytest -m gpu`` with 16 xdist workers on the H200 failed two cases with
+    ``CUDA error: out of memory`` (docs/results-h200.md)."""
+    torch = sys.modules.get("torch")  # a kernel without torch has no cache to return
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 def _answer(adapter: KernelAdapter, method: str, payload: Any, prefill: str) -> tuple:
