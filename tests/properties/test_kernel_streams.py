@@ -6,6 +6,8 @@ declaration, under a fixed run seed."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -13,10 +15,13 @@ from hypothesis import strategies as st
 from attention_crossval.kernel.harness.registry import resolve
 from attention_crossval.properties.kernel_suite import (
     FREE,
+    GPU_FREE_PARTS,
     SWEEP_BLOCKS,
     SWEEP_EXAMPLES,
     feature_examples,
     feature_strategy,
+    free_parts,
+    free_property,
     max_len_for,
     stream_name,
     sweep_strategy,
@@ -48,6 +53,20 @@ def test_other_runs_of_the_free_property_draw_other_cases() -> None:
     free = drawn(free_cases, FREE, 8)
     assert drawn(free_cases, FREE, 8) == free  # the same stream draws the same cases
     assert not set(drawn(free_cases, "own-kernels", 8)[1:]) & set(free[1:])
+
+
+def test_a_gpu_kernels_free_test_runs_in_parts_that_draw_other_cases() -> None:
+    """A GPU kernel's free property runs as GPU_FREE_PARTS tests (a CPU kernel's as one); part
+    0 draws the free test's own cases, every other part a stream of its own."""
+    assert free_parts(SPEC) == 1
+    assert free_parts(dataclasses.replace(SPEC, device="cuda")) == GPU_FREE_PARTS > 1
+    free_cases = attention_cases(spec=SPEC, max_len=max_len_for(SPEC))
+    parts = [drawn(free_cases, FREE if i == 0 else f"{FREE}:part{i}", 8) for i in range(3)]
+    for i in range(3):
+        for j in range(i):
+            assert not set(parts[i][1:]) & set(parts[j][1:]), (i, j)
+    with pytest.raises(ValueError, match="part=4 must lie in"):
+        free_property(KERNEL, None, part=4, parts=4)
 
 
 @pytest.mark.parametrize(

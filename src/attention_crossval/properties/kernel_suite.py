@@ -131,13 +131,34 @@ def run_property(
     return ran
 
 
-def free_property(kernel: str, config: pytest.Config, stream: str = FREE) -> None:
+# A GPU kernel's free test runs as this many tests (parts), each drawing its share of the
+# profile's examples from its own seed stream: one test drawing them all was the longest of
+# `pytest -m gpu` on the H200 (flex-attention's 306 s, compiles included), and parts spread
+# over the xdist workers. A CPU kernel's stays one test (its examples are capped anyway).
+GPU_FREE_PARTS = 4
+
+
+def free_parts(spec: KernelSpec) -> int:
+    """How many tests the free property of ``spec``'s kernel runs as."""
+    return GPU_FREE_PARTS if spec.device == "cuda" else 1
+
+
+def free_property(
+    kernel: str, config: pytest.Config, stream: str = FREE, *, part: int = 0, parts: int = 1
+) -> None:
     """The free property: every case drawn inside the kernel's declaration passes every
     applicable check; ``stream`` names the seed stream (another file's run of it names its
-    own, so it draws other cases)."""
+    own, so it draws other cases). Run as ``parts`` tests, ``part`` draws its share of the
+    examples from a stream of its own (part 0: ``stream`` itself)."""
+    if not 0 <= part < parts:
+        raise ValueError(f"part={part} must lie in [0, parts={parts})")
     spec = kernel_spec(kernel)
     strategy = attention_cases(spec=spec, max_len=max_len_for(spec))
-    ran = run_property(kernel, config, strategy, settings_for(spec), stream=stream)
+    chosen = settings_for(spec)
+    if parts > 1:
+        chosen = settings(chosen, max_examples=max(1, -(-chosen.max_examples // parts)))
+    stream = stream if part == 0 else f"{stream}:part{part}"
+    ran = run_property(kernel, config, strategy, chosen, stream=stream)
     assert ran, f"{kernel} declined every case drawn: nothing was checked"
 
 

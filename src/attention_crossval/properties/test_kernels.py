@@ -32,6 +32,7 @@ from attention_crossval.properties.kernel_suite import (  # noqa: F401 - the aut
     SWEEP_EXAMPLES,
     feature_examples,
     feature_strategy,
+    free_parts,
     free_property,
     run_property,
     settings_for,
@@ -58,12 +59,22 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         params = [kernel_param(k, f, id=f"{k}-{f}") for k, f in pairs]
         metafunc.parametrize(("kernel", "feature"), params)
     else:
-        metafunc.parametrize("kernel", [kernel_param(k, id=k) for k in kernels])
+        params = []
+        for k in kernels:
+            parts = free_parts(kernel_spec(k))
+            params += [
+                kernel_param(k, part, parts, id=k if parts == 1 else f"{k}-part{part + 1}of{parts}")
+                for part in range(parts)
+            ]
+        metafunc.parametrize(("kernel", "part", "parts"), params)
 
 
-def test_kernel_passes_every_check(kernel: str, request: pytest.FixtureRequest) -> None:
-    """Every generated case inside the kernel's declaration passes every applicable check."""
-    free_property(kernel, request.config)
+def test_kernel_passes_every_check(
+    kernel: str, part: int, parts: int, request: pytest.FixtureRequest
+) -> None:
+    """Every generated case inside the kernel's declaration passes every applicable check (a
+    GPU kernel's cases in :func:`free_parts` tests, each a share of them)."""
+    free_property(kernel, request.config, part=part, parts=parts)
 
 
 def test_kernel_sweep_passes_every_check(
