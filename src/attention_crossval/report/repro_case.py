@@ -166,11 +166,13 @@ def gather(
     check: str | None = None,
     trimmed: bool = True,
     run: bool = True,
+    attempts: int = 1,
 ) -> Evidence:
     """Run ``adapter`` on ``case``, choose the check to reproduce (:func:`choose_check`), trim
     the case (:func:`trim`) and record the figures (:func:`record`). Without ``run`` (a GPU
     kernel's script written on a machine without one), ``check`` is taken as given, the case as
-    it is, and only the references' figures are recorded."""
+    it is, and only the references' figures are recorded. A wanted ``check`` that does not fail
+    gets up to ``attempts`` runs: a race fails on some runs only."""
     spec = adapter.spec
     reason = spec.unsupported(case)
     if reason is not None:
@@ -185,10 +187,19 @@ def gather(
         recorded, arrays = record(spec, case, None, finding)
         known = covering(spec, case, [finding])
         return Evidence(case, check, finding, recorded, arrays, known, (), None)
-    verdict = run_case(adapter, case)
-    if verdict.skipped is not None:
-        raise ValueError(f"{spec.name} skipped the case: {verdict.skipped}")
-    chosen = choose_check(verdict, check)
+    if attempts < 1:
+        raise ValueError(f"attempts={attempts} must be at least 1")
+    for _ in range(attempts):
+        verdict = run_case(adapter, case)
+        if verdict.skipped is not None:
+            raise ValueError(f"{spec.name} skipped the case: {verdict.skipped}")
+        if check is None or check in failed_checks(verdict):
+            break
+    try:
+        chosen = choose_check(verdict, check)
+    except ValueError as reason:
+        runs = f" in {attempts} runs" if attempts > 1 else ""
+        raise ValueError(f"{reason}{runs}") from None
     original = case.describe() if trimmed else None
     trims: tuple[str, ...] = ()
     if trimmed:
