@@ -27,7 +27,11 @@ from attention_crossval.reference.case import AttentionCase, Mask
 from attention_crossval.reference.exact_backward import ExactGradients, exact_backward
 from attention_crossval.reference.gradients import BackwardCase, Gradients
 from attention_crossval.reference.masks import visible_all
-from attention_crossval.reference.precision import BackwardPrecision, StreamingPrecision
+from attention_crossval.reference.precision import (
+    BackwardPrecision,
+    StreamingPrecision,
+    round_to,
+)
 from attention_crossval.reference.streaming_backward import streaming_backward
 from attention_crossval.report.configs import Config
 from attention_crossval.testing.broken.cpu_backward_faults import SOURCE_EDITS, swamped_dq_case
@@ -281,11 +285,6 @@ def test_ds_flushes_subnormals_is_outside_the_scaled_chains_bound() -> None:
     assert_needs_its_own_bound(tiny_do_case(0), scaled, flushes, block=16, grads=("dq", "dk"))
 
 
-def flush(x: np.ndarray) -> np.ndarray:
-    """float32 values below the smallest normal become 0, as a flush-to-zero unit gives."""
-    return np.where(np.abs(x) < np.finfo(np.float32).tiny, np.float32(0), x).astype(np.float32)
-
-
 def test_flush_to_zero_dv_accumulator_stays_within_the_bound() -> None:
     """dO of 2^-128 makes every product P dO of dv, and dv itself, a subnormal: an fp32
     accumulator that flushes them (GPU tensor cores and conversions may; torch SDPA's cuDNN
@@ -303,10 +302,14 @@ def test_flush_to_zero_dv_accumulator_stays_within_the_bound() -> None:
     s = q[0, :, 0].astype(np.float64) @ k[0, :, 0].astype(np.float64).T
     s *= case.forward.softmax_scale
     p = np.exp(s - s.max(axis=1, keepdims=True))
-    p = (p / p.sum(axis=1, keepdims=True)).astype(ml_dtypes.bfloat16).astype(np.float32)
-    dv = np.zeros((32, 16), np.float32)
+    p = round_to(p / p.sum(axis=1, keepdims=True), "bfloat16")
+
+    def fp32_ftz(x: np.ndarray) -> np.ndarray:  # an fp32 result, flushed below its normals
+        return round_to(x, "float32", flush_subnormals=True)
+
+    dv = np.zeros((32, 16))
     for i in range(32):  # dV += P^T dO, one query at a time, every product and sum flushed
-        dv = flush(dv + flush(p[i][:, None] * do[0, i, 0].astype(np.float32)[None, :]))
+        dv = fp32_ftz(dv + fp32_ftz(p[i][:, None] * do[0, i, 0].astype(np.float64)[None, :]))
     assert not dv.any()
     flushed = dataclasses.replace(got, dv=dv.astype(ml_dtypes.bfloat16)[None, :, None, :])
     bounds = backward_error_bound(case, precision, exact.as_gradients())
